@@ -1,0 +1,65 @@
+"""EngineConfig: every engine knob in one validated dataclass, with vLLM's names."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEVICES = ("auto", "cpu", "cuda")
+QUANTIZATIONS = (None,)
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct GGUF
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # None: the model's own limit, capped at 8192
+    max_num_batched_tokens: int = 1024
+    kv_cache_memory_bytes: int | None = None  # None: a share of free memory after the weights
+    num_kv_blocks: int | None = None  # overrides kv_cache_memory_bytes
+    scheduling_policy: str = "fcfs"
+    quantization: str | None = None
+    seed: int = 0
+    num_threads: int | None = None  # None: one per core this process may use
+    max_waiting: int = 1024  # bounded waiting queue: past it, add_request says "overloaded"
+
+    def __post_init__(self) -> None:
+        def bad(name: str, msg: str) -> ValueError:
+            return ValueError(f"{name} {msg}, got {getattr(self, name)!r}.")
+
+        if self.dtype not in DTYPES:
+            raise bad("dtype", f"must be one of {DTYPES}")
+        if self.device not in DEVICES:
+            raise bad("device", f"must be one of {DEVICES}")
+        if self.block_size not in (16, 32):
+            raise bad("block_size", "must be 16 or 32")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting"):
+            if not _positive_int(getattr(self, name)):
+                raise bad(name, "must be a positive integer")
+        for name in ("max_model_len", "kv_cache_memory_bytes", "num_threads"):
+            value = getattr(self, name)
+            if value is not None and not _positive_int(value):
+                raise bad(name, "must be a positive integer or None")
+        if self.num_kv_blocks is not None and (not _positive_int(self.num_kv_blocks) or self.num_kv_blocks < 2):
+            raise bad("num_kv_blocks", "must be an integer >= 2 or None")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise bad("scheduling_policy", "must be 'fcfs' or 'priority'")
+        if self.quantization not in QUANTIZATIONS:
+            raise bad("quantization", f"must be one of {QUANTIZATIONS}")
+        if not isinstance(self.seed, int):
+            raise bad("seed", "must be an integer")
+        if self.model is not None and not (isinstance(self.model, str) and self.model):
+            raise bad("model", "must be a path, a hub id or None")
+
+    def resolved_threads(self) -> int:
+        """Default: every core this process may run on (2 here). OMP_WAIT_POLICY=PASSIVE is set
+        before torch loads (engine/__init__.py) so idle threads sleep instead of spinning."""
+        return self.num_threads or len(os.sched_getaffinity(0))
+
+
+def _positive_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0

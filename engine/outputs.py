@@ -1,0 +1,102 @@
+"""The narrow types that cross layers: scheduler -> runner -> engine -> callers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.request import Request
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    num_tokens: int  # tokens computed for it this step (1 for decode, a chunk for prefill)
+    block_ids: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the known tokens, so a new one is sampled."""
+        return self.request.num_computed_tokens + self.num_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+@dataclass
+class ModelRunnerOutput:
+    sampled: dict[str, int]  # request_id -> new token id (only for requests that sample)
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    metrics: RequestMetrics | None = None
+    error: str | None = None
+    # Streaming deltas: what this step added (the full text/token_ids are in outputs[0]).
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class EngineStats:
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_cached: int = 0  # free but still holding a hashed prefix
+    kv_blocks_free: int = 0  # free and empty
+    block_size: int = 16
+    num_running: int = 0
+    num_waiting: int = 0
+    num_preemptions: int = 0
+    prefix_cache_queries: int = 0  # tokens
+    prefix_cache_hits: int = 0  # tokens
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    num_steps: int = 0
+    last_batch_size: int = 0
+    last_prefill_tokens: int = 0
+    last_decode_tokens: int = 0
+    last_step_seconds: float = 0.0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0

@@ -1,0 +1,83 @@
+"""Request: the engine's record of one generation, with a single progress counter."""
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.value in ("stop", "length", "abort", "error")
+
+
+_arrival_counter = itertools.count()
+
+
+class Request:
+    """`num_computed_tokens` is the one progress counter: prompt chunks, prefix-cache hits,
+    decode steps and recompute after preemption all move (or reset) it."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 *, prompt: str | None = None, priority: int = 0, eos_token_ids: tuple[int, ...] = (),
+                 cache_salt: str | None = None) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        self.eos_token_ids = eos_token_ids
+        self.cache_salt = cache_salt
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # set at first scheduling: prefix-cache hit in tokens
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids
+        self.num_preemptions = 0
+        self.arrival_seq = next(_arrival_counter)  # tie-break for equal arrival times
+        self.arrival_time = time.time()
+        self.scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+        self.stop_reason: str | int | None = None
+        self.error: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def append_output_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def sort_key(self) -> tuple[int, float, int]:
+        """(priority, arrival): lower runs first; the victim of a preemption is the largest."""
+        return (self.priority, self.arrival_time, self.arrival_seq)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, {self.status.value}, computed={self.num_computed_tokens}"
+                f"/{self.num_tokens})")

@@ -1,0 +1,91 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence /
+frequency penalties, min_tokens, per-request seeds. Rows that need nothing special stay on the
+vectorised path; only penalties and seeded draws touch rows one by one."""
+from __future__ import annotations
+
+import torch
+
+from engine.request import Request
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+        self._request_generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._request_generators.pop(request_id, None)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+        """logits [N, V] float32, one row per request that samples this step."""
+        params = [r.params for r in requests]
+        if all(p.greedy and not p.has_penalties and r.num_output_tokens >= p.min_tokens
+               for r, p in zip(requests, params)):
+            return logits.argmax(dim=-1).tolist()
+        for i, req in enumerate(requests):
+            self._adjust_row(logits[i], req)
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        greedy_tokens = logits.argmax(dim=-1)
+        if bool(greedy.all()):
+            return greedy_tokens.tolist()
+        temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
+        logits = logits / temps.unsqueeze(1)
+        logits = self._filter(logits, params)
+        probs = logits.softmax(dim=-1)
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, req in enumerate(requests):
+            if req.params.seed is not None:
+                noise[i].exponential_(generator=self._generator_for(req))
+        sampled = (probs / noise).argmax(dim=-1)  # Gumbel-style race == a draw from probs
+        return torch.where(greedy, greedy_tokens, sampled).tolist()
+
+    def _generator_for(self, req: Request) -> torch.Generator:
+        g = self._request_generators.get(req.request_id)
+        if g is None:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(req.params.seed)
+            self._request_generators[req.request_id] = g
+        return g
+
+    @staticmethod
+    def _adjust_row(row: torch.Tensor, req: Request) -> None:
+        p = req.params
+        if req.num_output_tokens < p.min_tokens:
+            banned = [t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < row.numel()]
+            if banned:
+                row[banned] = float("-inf")
+        if not p.has_penalties:
+            return
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(req.all_token_ids)), device=row.device)
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and req.output_token_ids:
+            out = torch.tensor(req.output_token_ids, device=row.device)
+            counts = torch.zeros_like(row).scatter_add_(0, out, torch.ones_like(out, dtype=row.dtype))
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+
+    @staticmethod
+    def _filter(logits: torch.Tensor, params) -> torch.Tensor:
+        top_k = [p.top_k for p in params]
+        top_p = [p.top_p for p in params]
+        min_p = [p.min_p for p in params]
+        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+            sorted_logits, order = logits.sort(dim=-1, descending=True)
+            V = logits.shape[-1]
+            ks = torch.tensor([k if k > 0 else V for k in top_k], device=logits.device)
+            ranks = torch.arange(V, device=logits.device).unsqueeze(0)
+            drop = ranks >= ks.unsqueeze(1)
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            ps = torch.tensor(top_p, device=logits.device).unsqueeze(1)
+            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            drop = (cum - sorted_logits.softmax(dim=-1)) >= ps  # keep the token that crosses p
+            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+            logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
+        if any(m > 0 for m in min_p):
+            probs = logits.softmax(dim=-1)
+            threshold = torch.tensor(min_p, device=logits.device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+            logits = logits.masked_fill(probs < threshold, float("-inf"))
+        return logits

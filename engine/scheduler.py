@@ -1,0 +1,163 @@
+"""Continuous batching: one token budget per step, running requests first, then waiting ones.
+
+Not thread-safe: only the engine thread calls it.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+
+from engine.config import EngineConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
+from engine.request import Request, RequestStatus
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, kv: KVCacheManager, max_model_len: int) -> None:
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.use_priority = config.scheduling_policy == "priority"
+        self.running: list[Request] = []
+        self._waiting: list[tuple[tuple, Request]] = []  # heap by sort key; stale entries skipped
+        self.waiting_ids: set[str] = set()
+        self.num_preemptions = 0
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting_ids)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting_ids)
+
+    def _key(self, req: Request) -> tuple:
+        return req.sort_key() if self.use_priority else req.sort_key()[1:]
+
+    def add_request(self, req: Request) -> None:
+        heapq.heappush(self._waiting, (self._key(req), req))
+        self.waiting_ids.add(req.request_id)
+
+    def _peek_waiting(self) -> Request | None:
+        while self._waiting:
+            req = self._waiting[0][1]
+            if req.request_id in self.waiting_ids:
+                return req
+            heapq.heappop(self._waiting)  # aborted while waiting
+        return None
+
+    # ---- one step -----------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        self.running.sort(key=self._key)  # the preemption victim is always the last one
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(req, n):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is req:
+                    break
+            else:
+                out.scheduled.append(ScheduledRequest(req, n, self.kv.block_ids(req.request_id)))
+                budget -= n
+                i += 1
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        now = time.time()
+        for s in out.scheduled:
+            if s.request.scheduled_time is None:
+                s.request.scheduled_time = now
+        return out
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self._peek_waiting()
+            if req is None:
+                return
+            hits = self.kv.get_computed_blocks(req)
+            num_hit = len(hits) * self.kv.block_size
+            n = min(req.num_tokens - num_hit, budget)
+            if not self.kv.allocate_slots(req, n, hits):
+                if self.use_priority and self.running and self._key(self.running[-1]) > self._key(req):
+                    budget += self._preempt(self.running[-1], out)
+                    continue
+                return
+            heapq.heappop(self._waiting)
+            self.waiting_ids.discard(req.request_id)
+            self.kv.record_lookup(req.num_tokens, num_hit)
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            req.num_computed_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append(ScheduledRequest(req, n, self.kv.block_ids(req.request_id)))
+            budget -= n
+
+    def _preempt(self, req: Request, out: SchedulerOutput) -> int:
+        """Preempt by recompute: free the blocks (full ones stay cached), requeue. Returns the
+        budget given back if the request had already been scheduled in this step."""
+        refund = 0
+        for k, s in enumerate(out.scheduled):
+            if s.request is req:
+                refund = s.num_tokens
+                del out.scheduled[k]
+                break
+        self.running.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        out.preempted.append(req)
+        self.add_request(req)
+        return refund
+
+    # ---- after the forward --------------------------------------------------------------
+    def update(self, sched: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
+        """Advance progress, append sampled tokens, apply token-level stop rules. Returns the
+        requests that got a new token (finished ones included)."""
+        changed = []
+        now = time.time()
+        for s in sched.scheduled:
+            req = s.request
+            req.num_computed_tokens += s.num_tokens
+            token = result.sampled.get(req.request_id)
+            if token is None or req.is_finished:
+                continue
+            req.append_output_token(token)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            status = self._check_stop(req, token)
+            if status is not None:
+                self.finish(req, status)
+            changed.append(req)
+        return changed
+
+    def _check_stop(self, req: Request, token: int) -> RequestStatus | None:
+        p = req.params
+        if req.num_output_tokens >= p.min_tokens:
+            if not p.ignore_eos and token in req.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED
+            if token in p.stop_token_ids:
+                req.stop_reason = token
+                return RequestStatus.FINISHED_STOPPED
+        if p.max_tokens is not None and req.num_output_tokens >= p.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if req.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """End a request in any state and free its blocks at once."""
+        if req.is_finished:
+            return
+        if req.request_id in self.waiting_ids:
+            self.waiting_ids.discard(req.request_id)
+        elif req in self.running:
+            self.running.remove(req)
+        self.kv.free(req)
+        req.status = status
+        req.finished_time = time.time()

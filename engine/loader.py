@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.gguf_file import gguf_config_and_tokenizer, gguf_weights
 from engine.layers import default_weight_loader
 from engine.models import model_class
 
@@ -73,15 +74,13 @@ def load_config_and_tokenizer(src: ModelSource):
     from transformers import AutoConfig, AutoTokenizer
 
     if src.kind == "gguf":
-        folder, name = os.path.split(src.path)
-        return (AutoConfig.from_pretrained(folder, gguf_file=name),
-                AutoTokenizer.from_pretrained(folder, gguf_file=name))
+        return gguf_config_and_tokenizer(src.path)
     return AutoConfig.from_pretrained(src.path), AutoTokenizer.from_pretrained(src.path)
 
 
 def iter_weights(src: ModelSource, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
     if src.kind == "gguf":
-        yield from _gguf_weights(src.path, hf_config)
+        yield from gguf_weights(src.path, hf_config)
         return
     from safetensors import safe_open
 
@@ -92,16 +91,6 @@ def iter_weights(src: ModelSource, hf_config) -> Iterator[tuple[str, torch.Tenso
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
-
-
-def _gguf_weights(path: str, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
-    """transformers' GGUF reader dequantizes and undoes llama.cpp's q/k row permutation."""
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(hf_config)
-    yield from load_gguf_checkpoint(path, return_tensors=True, model_to_load=skeleton)["tensors"].items()
 
 
 def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:

@@ -41,15 +41,22 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        logits, samplers = self.forward(sched)
+        if not samplers:
+            return ModelRunnerOutput({})
+        tokens = self.sampler(logits, [s.request for s in samplers])
+        return ModelRunnerOutput({s.request.request_id: t for s, t in zip(samplers, tokens)})
+
+    @torch.inference_mode()
+    def forward(self, sched: SchedulerOutput) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
+        """Run the model on one step's batch; logits [n, V] for the n requests that sample."""
         items = sorted(sched.scheduled, key=lambda s: s.num_tokens != 1)  # decodes first (stable)
         input_ids, positions, meta, logits_rows, samplers = self._prepare(items)
         with use_metadata(meta):
             hidden = self.model(input_ids, positions)
         if not samplers:
-            return ModelRunnerOutput({})
-        logits = self.model.compute_logits(hidden[logits_rows])
-        tokens = self.sampler(logits, [s.request for s in samplers])
-        return ModelRunnerOutput({s.request.request_id: t for s, t in zip(samplers, tokens)})
+            return None, []
+        return self.model.compute_logits(hidden[logits_rows]), samplers
 
     def _prepare(self, items: list[ScheduledRequest]):
         bs = self.block_size

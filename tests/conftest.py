@@ -1,0 +1,87 @@
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from engine import LLM  # noqa: E402
+from engine.gguf_file import gguf_config_and_tokenizer, gguf_weights  # noqa: E402
+from engine.loader import default_model_path  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smol_parts():
+    """(config, tokenizer, HF-named fp32 state dict) of the embedded SmolLM2 GGUF."""
+    path = default_model_path()
+    config, tokenizer = gguf_config_and_tokenizer(path)
+    return config, tokenizer, dict(gguf_weights(path, config))
+
+
+@pytest.fixture(scope="session")
+def hf_smol(smol_parts):
+    """transformers' own LlamaForCausalLM with the same weights: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    config, _, state = smol_parts
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(state, strict=False)
+    model.tie_weights()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def smol32():
+    """SmolLM2 in fp32 with a modest pool, shared by the tests that do not change its config."""
+    return LLM(dtype="float32", num_kv_blocks=1024, max_model_len=2048)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory, smol_parts):
+    path = tmp_path_factory.mktemp("tokenizer")
+    smol_parts[1].save_pretrained(path)
+    return path
+
+
+TINY_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def tiny_config(arch: str, vocab_size: int):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  rms_norm_eps=1e-6, tie_word_embeddings=arch in ("qwen2", "qwen3"))
+    if arch == "llama":
+        return LlamaConfig(**common, head_dim=16,
+                           rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
+    if arch == "mistral":
+        return MistralConfig(**common, head_dim=16, sliding_window=None)
+    if arch == "qwen2":
+        return Qwen2Config(**common)
+    return Qwen3Config(**common, head_dim=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, tokenizer_dir):
+    """Factory: a random-weight model of one architecture saved as a HF folder (safetensors)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    made = {}
+
+    def make(arch: str):
+        if arch not in made:
+            torch.manual_seed(1234)
+            tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+            model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok)), dtype=torch.float32)
+            with torch.no_grad():  # larger weights than the default init: peaked, decisive logits
+                for p in model.parameters():
+                    if p.dim() == 2:
+                        p.normal_(0, 0.2)
+            path = tmp_path_factory.mktemp(f"tiny-{arch}")
+            model.save_pretrained(path)
+            tok.save_pretrained(path)
+            made[arch] = (str(path), model.eval())
+        return made[arch]
+
+    return make

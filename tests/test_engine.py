@@ -1,0 +1,113 @@
+"""End-to-end engine behaviour on the real SmolLM2 weights (fp32): greedy outputs do not depend on
+how the engine batches, pages, chunks, caches or preempts; prefix caching reuses what it should."""
+import pytest
+
+from bench.workload import SYSTEM_PROMPT, user_turns
+from engine import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def prompts(smol32):
+    """16 chats sharing the system prompt, as token ids."""
+    return [smol32.render_chat([{"role": "system", "content": SYSTEM_PROMPT},
+                                {"role": "user", "content": user_turns(i, 1)[0]}]) for i in range(16)]
+
+
+@pytest.fixture(scope="module")
+def reference(smol32, prompts):
+    """One request at a time, prefix caching off (cache reset before each request)."""
+    outs = []
+    for p in prompts:
+        smol32.reset_prefix_cache()
+        outs.append(smol32.generate([p], GREEDY)[0].outputs[0].token_ids)
+    return outs
+
+
+def tokens(outputs):
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+def test_batch_of_16_with_prefix_cache_equals_one_at_a_time(smol32, prompts, reference):
+    outs = smol32.generate(prompts, GREEDY)
+    assert tokens(outs) == reference
+    assert sum(o.num_cached_tokens for o in outs) > 0  # the shared system prompt was reused
+    smol32.engine.check_integrity()
+
+
+@pytest.mark.parametrize("options", [
+    dict(enable_prefix_caching=False),
+    dict(block_size=32),
+    dict(max_num_batched_tokens=24),  # every prompt prefilled in chunks, mixed with decodes
+    dict(num_kv_blocks=40, max_model_len=640),  # 16 sequences of ~170 tokens cannot all fit
+], ids=["no-prefix-cache", "block-32", "chunked-prefill", "preemption"])
+def test_greedy_identical_under_engine_options(options, prompts, reference):
+    llm = LLM(dtype="float32", **{"num_kv_blocks": 1024, **options})
+    outs = llm.generate(prompts, GREEDY)
+    assert tokens(outs) == reference
+    stats = llm.get_stats()
+    if "num_kv_blocks" in options:
+        assert stats.num_preemptions > 0
+    if "max_num_batched_tokens" in options:
+        computed = stats.prompt_tokens_total - stats.prefix_cache_hits
+        assert stats.num_steps >= computed // 24 > 16  # far more steps than prompts: chunked
+    assert stats.kv_blocks_used == 0
+    llm.engine.check_integrity()
+
+
+def test_shared_system_prompt_is_cached(smol32):
+    smol32.reset_prefix_cache()
+    first, second = (smol32.render_chat([{"role": "system", "content": SYSTEM_PROMPT},
+                                         {"role": "user", "content": user_turns(i, 1)[0]}]) for i in (1, 2))
+    system_len = len(smol32.render_chat([{"role": "system", "content": SYSTEM_PROMPT}], add_generation_prompt=False))
+    assert system_len >= 300
+    smol32.generate([first], GREEDY)
+    out = smol32.generate([second], GREEDY)[0]
+    common = next(i for i, (a, b) in enumerate(zip(first, second)) if a != b)
+    assert out.num_cached_tokens == (common // 16) * 16 >= 288
+
+
+def test_second_turn_reuses_the_whole_history(smol32):
+    smol32.reset_prefix_cache()
+    tok = smol32.get_tokenizer()
+    turns = user_turns(7, 2)
+    turn1 = smol32.render_chat([{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": turns[0]}])
+    out1 = smol32.generate([turn1], SamplingParams(temperature=0, max_tokens=40))[0]
+    history = turn1 + out1.outputs[0].token_ids
+    suffix = tok.encode(f"\n<|im_start|>user\n{turns[1]}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    out2 = smol32.generate([history + suffix], SamplingParams(temperature=0, max_tokens=8))[0]
+    assert out2.num_cached_tokens >= len(history) - 16
+    stats = smol32.get_stats()
+    assert 0 < stats.prefix_cache_hits <= stats.prefix_cache_queries
+
+
+def test_stop_strings_are_cut_and_reported(smol32, prompts, reference):
+    tok = smol32.get_tokenizer()
+    text = tok.decode(reference[0])
+    stop = text.split()[3]
+    out = smol32.generate([prompts[0]], SamplingParams(temperature=0, max_tokens=20, stop=[stop]))[0]
+    assert stop not in out.outputs[0].text
+    assert text.startswith(out.outputs[0].text)
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(smol32, prompts):
+    params = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=42, max_tokens=16, ignore_eos=True)
+    alone = smol32.generate([prompts[3]], params)[0].outputs[0].token_ids
+    batched = smol32.generate(prompts[:6], [SamplingParams(temperature=1.0, max_tokens=16)] * 3 + [params]
+                              + [SamplingParams(temperature=1.0, max_tokens=16)] * 2)
+    assert batched[3].outputs[0].token_ids == alone
+    other = smol32.generate([prompts[3]], SamplingParams(temperature=0.9, top_p=0.9, top_k=50, seed=7,
+                                                         max_tokens=16, ignore_eos=True))[0]
+    assert other.outputs[0].token_ids != alone
+
+
+def test_chat_returns_text_metrics_and_finish_reason(smol32):
+    out = smol32.chat([{"role": "user", "content": "What is the capital of France?"}],
+                      SamplingParams(temperature=0, max_tokens=30))[0]
+    assert "Paris" in out.outputs[0].text
+    assert out.outputs[0].finish_reason == "stop"
+    assert out.outputs[0].token_ids[-1] == smol32.get_tokenizer().eos_token_id
+    m = out.metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time

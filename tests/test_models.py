@@ -1,0 +1,82 @@
+"""Our forward against transformers' reference forward of the same weights, through the paged
+KV cache: a whole-prompt prefill, a prefill on top of cached blocks, and single-token decodes."""
+import pytest
+import torch
+
+from engine import LLM
+from engine.outputs import ScheduledRequest
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from tests.conftest import TINY_ARCHS
+
+
+def paged_logits(llm: LLM, token_ids: list[int], chunks: list[int]) -> torch.Tensor:
+    """Logits at every position, computing the sequence in the given chunk sizes so later chunks
+    read earlier ones from the block pool (a chunk of 1 is a decode step)."""
+    engine = llm.engine
+    req = Request("parity", token_ids, SamplingParams())
+    kv, runner = engine.kv, engine.runner
+    rows = []
+    try:
+        for n in chunks:
+            assert kv.allocate_slots(req, n)
+            rows.append(_forward_all_rows(runner, ScheduledRequest(req, n, kv.block_ids(req.request_id))))
+            req.num_computed_tokens += n
+    finally:
+        kv.free(req)
+    return torch.cat(rows)
+
+
+def _forward_all_rows(runner, scheduled):
+    from engine.attention import use_metadata
+
+    with torch.inference_mode():
+        ids, pos, meta, _, _ = runner._prepare([scheduled])
+        with use_metadata(meta):
+            hidden = runner.model(ids, pos)
+        return runner.model.compute_logits(hidden)
+
+
+def reference_logits(hf_model, token_ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([token_ids])).logits[0].float()
+
+
+def assert_close(ours: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
+    err = (ours - ref).abs().max().item() / ref.abs().max().item()
+    assert err < rel, f"max relative error {err:.2e} >= {rel:.0e}"
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_tiny_models_match_transformers(arch, tiny_model):
+    path, hf_model = tiny_model(arch)
+    llm = LLM(path, dtype="float32", num_kv_blocks=64, block_size=16)
+    ids = [int(t) for t in torch.randint(0, hf_model.config.vocab_size, (45,), generator=torch.Generator().manual_seed(0))]
+    ref = reference_logits(hf_model, ids)
+    assert_close(paged_logits(llm, ids, [45]), ref, 1e-4)
+    # 20 tokens, then 20 more over the cached blocks, then five single-token decode steps
+    assert_close(paged_logits(llm, ids, [20, 20, 1, 1, 1, 1, 1]), ref, 1e-4)
+    llm.engine.check_integrity()
+
+
+def test_smollm2_gguf_matches_transformers(smol32, hf_smol):
+    tok = smol32.get_tokenizer()
+    ids = tok.encode("Hello! My order #4417 arrived damaged. Can I get a replacement or a refund?")
+    ref = reference_logits(hf_smol, ids)
+    n = len(ids)
+    assert_close(paged_logits(smol32, ids, [n]), ref, 1e-4)
+    assert_close(paged_logits(smol32, ids, [n - 3, 1, 1, 1]), ref, 1e-4)
+
+
+def test_greedy_equals_transformers_generate(smol32, hf_smol):
+    tok = smol32.get_tokenizer()
+    messages = [{"role": "user", "content": "How do I reset my password?"}]
+    prompt_ids = smol32.render_chat(messages)
+    with torch.no_grad():
+        # An explicit mask: the prompt contains <|im_end|>, which is also the pad token, and
+        # generate would otherwise mask those positions out.
+        ids = torch.tensor([prompt_ids])
+        ref = hf_smol.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                               eos_token_id=None, pad_token_id=tok.eos_token_id)[0, len(prompt_ids):].tolist()
+    ours = smol32.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
+    assert ours.outputs[0].token_ids == ref

@@ -148,13 +148,13 @@ class LLMEngine:
                              f"(the prompt plus at least one generated token must fit)")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
-        if self.scheduler.num_waiting >= self.config.max_waiting:
-            raise EngineOverloadedError(f"engine overloaded: {self.scheduler.num_waiting} requests waiting "
-                                        f"(max_waiting={self.config.max_waiting})")
         if request_id is None:
             request_id, self._counter = str(self._counter), self._counter + 1
         if request_id in self._tracked:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if self.scheduler.num_waiting >= self.config.max_waiting:
+            raise EngineOverloadedError(f"engine overloaded: {self.scheduler.num_waiting} requests waiting "
+                                        f"(max_waiting={self.config.max_waiting})")
         req = Request(request_id, ids, params, prompt=text, priority=priority,
                       eos_token_ids=self.eos_token_ids, cache_salt=cache_salt)
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens,
@@ -187,6 +187,7 @@ class LLMEngine:
             result = self.runner.execute(sched)
         except Exception as e:  # a failed step fails its requests, never the engine
             log.exception("step failed")
+            self.kv.reset_prefix_cache()  # blocks registered for this step may hold unwritten K/V
             for s in sched.scheduled:
                 t = self._tracked.get(s.request.request_id)
                 if t is not None:

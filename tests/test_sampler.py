@@ -1,0 +1,61 @@
+"""Sampler filters on hand-made logits, and a failing step that comes back as errors."""
+import pytest
+import torch
+
+from engine import SamplingParams
+from engine.request import Request
+from engine.sampler import Sampler
+
+
+def rows(params_list, logits):
+    reqs = [Request(str(i), [1, 2, 3], p) for i, p in enumerate(params_list)]
+    return Sampler(0, torch.device("cpu")), reqs, torch.tensor(logits, dtype=torch.float32)
+
+
+def draws(params, logits, n=300):
+    sampler, reqs, x = rows([params] * n, [logits] * n)
+    return set(sampler(x.clone(), reqs))
+
+
+def test_greedy_is_argmax():
+    sampler, reqs, x = rows([SamplingParams(temperature=0)] * 2, [[0.1, 3.0, 0.2], [5.0, 1.0, 0.0]])
+    assert sampler(x, reqs) == [1, 0]
+
+
+def test_top_k_top_p_min_p_limit_the_candidates():
+    logits = [2.0, 1.9, 1.8, 0.0, -1.0]
+    assert draws(SamplingParams(temperature=1.0), logits) == {0, 1, 2, 3, 4}
+    assert draws(SamplingParams(temperature=1.0, top_k=2), logits) == {0, 1}
+    assert draws(SamplingParams(temperature=1.0, top_p=0.5), logits) == {0, 1}
+    assert draws(SamplingParams(temperature=1.0, min_p=0.5), logits) == {0, 1, 2}
+
+
+def test_penalties_and_min_tokens_change_the_choice():
+    # the prompt is [1, 2, 3]: halving their logits leaves unseen token 4 on top
+    sampler, reqs, x = rows([SamplingParams(temperature=0, repetition_penalty=2.0)], [[0, 1.5, 1.4, 1.0, 0.9]])
+    assert sampler(x, reqs) == [4]
+    sampler, reqs, x = rows([SamplingParams(temperature=0, presence_penalty=1.0)], [[0, 1.5, 1.4, 1.0]])
+    reqs[0].append_output_token(1)  # presence counts generated tokens only
+    assert sampler(x, reqs) == [2]
+    sampler, reqs, x = rows([SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[1])], [[0, 9.0, 1.0, 0]])
+    assert sampler(x, reqs) == [2]
+
+
+def test_failed_step_returns_errors_and_frees_blocks(tiny_model, monkeypatch):
+    from engine import LLM
+
+    path, _ = tiny_model("llama")
+    llm = LLM(path, dtype="float32", num_kv_blocks=16)
+    engine = llm.engine
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=5), request_id="doomed")
+
+    def boom(sched):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(engine.runner, "execute", boom)
+    outs = engine.step()
+    assert [(o.request_id, o.outputs[0].finish_reason) for o in outs] == [("doomed", "error")]
+    assert "kernel exploded" in outs[0].error
+    assert engine.get_stats().kv_blocks_used == 0
+    monkeypatch.undo()
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].outputs[0].finish_reason == "length"

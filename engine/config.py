@@ -63,3 +63,30 @@ class EngineConfig:
 
 def _positive_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def add_engine_args(parser) -> None:
+    """The engine's options as command-line flags (shared by app.py and the server)."""
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="HF folder, .gguf file or hub id (default: embedded SmolLM2)")
+    g.add_argument("--dtype", default="auto", choices=DTYPES)
+    g.add_argument("--device", default="auto", choices=DEVICES)
+    g.add_argument("--block-size", type=int, default=16, choices=(16, 32))
+    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    g.add_argument("--num-kv-blocks", type=int, default=None)
+    g.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
+    g.add_argument("--quantization", default=None)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", dest="num_threads", type=int, default=None,
+                   help="torch threads (default: one per available core)")
+    g.add_argument("--max-waiting", type=int, default=1024)
+
+
+def config_from_args(args) -> EngineConfig:
+    from dataclasses import fields
+
+    return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)})

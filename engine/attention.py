@@ -3,8 +3,9 @@ their slots, then every sequence attends over its own blocks through its block t
 
 The per-step metadata is set once by the model runner in a scoped context (`use_metadata`) so the
 model's forward signatures stay plain. One torch implementation serves CPU and CUDA: the decode
-path gathers each sequence's blocks into a padded batch for one batched SDPA call; prefill chunks
-run one SDPA call per sequence.
+path reads K/V in place through the block tables with our C kernel on the CPU (engine/csrc), or
+gathers each sequence's blocks into a padded batch for one batched SDPA call elsewhere; prefill
+chunks run one SDPA call per sequence.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine import cpu_kernels
 
 
 @dataclass
@@ -29,6 +32,7 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat slot of each token's K/V
     num_decode: int  # the first num_decode rows are one-token sequences
     decode_block_tables: torch.Tensor | None = None  # [B, max_blocks], padded with block 0
+    decode_seq_lens: torch.Tensor | None = None  # [B] tokens each decode attends to
     decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * block_size] True = attend
     prefills: list[PrefillSeq] = field(default_factory=list)
 
@@ -72,6 +76,9 @@ class PagedAttention(nn.Module):
         return out.view(T, self.num_heads * self.head_dim)
 
     def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        if cpu_kernels.supports(q):
+            return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
+                                                      meta.decode_seq_lens, self.scale)
         B, nb = meta.decode_block_tables.shape
         bs = self.k_cache.shape[1]
         keys = self.k_cache[meta.decode_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)

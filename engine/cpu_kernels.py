@@ -1,0 +1,80 @@
+"""Our C kernels for the CPU, compiled once with the system's C compiler and called through
+ctypes (no torch headers: it builds in about a second). If no compiler is available, callers fall
+back to the torch path; `available()` says which is in use."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import subprocess
+import threading
+
+import torch
+
+log = logging.getLogger("pagedchat.kernels")
+
+_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_attention.c")
+# fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful.
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
+_lib: ctypes.CDLL | None = None
+_tried = False
+_lock = threading.Lock()
+
+
+def _build() -> ctypes.CDLL | None:
+    if os.environ.get("PAGEDCHAT_NO_KERNELS"):
+        return None
+    with open(_SOURCE, "rb") as f:
+        src = f.read()
+    cc = os.environ.get("CC", "cc")
+    key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), platform.node()]).encode()).hexdigest()[:16]
+    cache = os.path.join(os.environ.get("PAGEDCHAT_CACHE", os.path.expanduser("~/.cache/pagedchat")), "kernels")
+    path = os.path.join(cache, f"paged_attention-{key}.so")
+    if not os.path.exists(path):
+        os.makedirs(cache, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        cmd = [cc, *_FLAGS, _SOURCE, "-o", tmp, "-lm"]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = getattr(e, "stderr", b"") or b""
+            log.warning("C kernels not built (%s %s); using the torch attention path", e, detail.decode()[:500])
+            return None
+        os.replace(tmp, path)
+    lib = ctypes.CDLL(path)
+    fn = lib.paged_decode_attention
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    return lib
+
+
+def available() -> bool:
+    global _lib, _tried
+    with _lock:
+        if not _tried:
+            _lib, _tried = _build(), True
+    return _lib is not None
+
+
+def supports(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16) and available()
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, H, D] -> [B, H, D]; caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths."""
+    B, H, D = q.shape
+    _, block_size, Hkv, _ = k_cache.shape
+    if H > 256:
+        raise ValueError("paged_decode_attention supports at most 256 query heads")
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    failed = _lib.paged_decode_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
+        seq_lens.data_ptr(), B, H, Hkv, D, block_size, block_tables.shape[1], scale,
+        0 if q.dtype == torch.float32 else 1, torch.get_num_threads())
+    if failed:
+        raise MemoryError("paged_decode_attention could not allocate its score buffer")
+    return out

@@ -1,0 +1,114 @@
+/* Paged decode attention for the CPU: one query token per sequence attends over its K/V, read in
+ * place from the block pool through its block table (no gathered copy). Parallel over
+ * (sequence, kv head); each task reads its K and V rows once. fp32 accumulation throughout.
+ *
+ * Layouts (all contiguous):
+ *   q, out        [B, H, D]
+ *   k/v cache     [num_blocks, block_size, Hkv, D]
+ *   block_tables  [B, max_blocks] int64, seq_lens [B] int64
+ * dtype: 0 = float32, 1 = bfloat16 (q, cache and out share it).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline void load_row(const void *base, int64_t index, int dtype, int D, float *dst) {
+    if (dtype == 0) {
+        memcpy(dst, (const float *)base + index * D, sizeof(float) * D);
+    } else {
+        const uint16_t *src = (const uint16_t *)base + index * D;
+#pragma omp simd
+        for (int d = 0; d < D; d++) dst[d] = bf16_to_f32(src[d]);
+    }
+}
+
+/* One task: sequence b, kv heads [h0, h1). K and V rows of those heads are read once, in order. */
+static int attend(const void *q, const void *k_cache, const void *v_cache, void *out,
+                  const int64_t *table, int64_t L, int b, int h0, int h1, int H, int Hkv, int D,
+                  int block_size, float scale, int dtype) {
+    const int G = H / Hkv, nh = h1 - h0, R = nh * G; /* query rows handled here */
+    const int W = nh * D;                               /* floats of one token's K (or V) row */
+    float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W));
+    if (!scores) return 1;
+    float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
+    for (int r = 0; r < R; r++) load_row(q, (int64_t)b * H + h0 * G + r, dtype, D, qf + r * D);
+    for (int64_t t = 0; t < L; t++) { /* pass 1: scores, reading K */
+        int64_t slot = table[t / block_size] * block_size + t % block_size;
+        if (dtype == 0) memcpy(row, (const float *)k_cache + (slot * Hkv + h0) * D, sizeof(float) * W);
+        else {
+            const uint16_t *src = (const uint16_t *)k_cache + (slot * Hkv + h0) * D;
+#pragma omp simd
+            for (int i = 0; i < W; i++) row[i] = bf16_to_f32(src[i]);
+        }
+        for (int r = 0; r < R; r++) {
+            const float *qr = qf + r * D, *kr = row + (r / G) * D;
+            float s = 0.f;
+#pragma omp simd reduction(+ : s)
+            for (int d = 0; d < D; d++) s += qr[d] * kr[d];
+            scores[(size_t)r * L + t] = s * scale;
+        }
+    }
+    float sums[256];
+    for (int r = 0; r < R; r++) { /* softmax of each row */
+        float *sr = scores + (size_t)r * L, m = -INFINITY, sum = 0.f;
+        for (int64_t t = 0; t < L; t++) m = sr[t] > m ? sr[t] : m;
+        for (int64_t t = 0; t < L; t++) { sr[t] = expf(sr[t] - m); sum += sr[t]; }
+        sums[r] = sum;
+    }
+    memset(acc, 0, sizeof(float) * R * D);
+    for (int64_t t = 0; t < L; t++) { /* pass 2: weighted values, reading V */
+        int64_t slot = table[t / block_size] * block_size + t % block_size;
+        if (dtype == 0) memcpy(row, (const float *)v_cache + (slot * Hkv + h0) * D, sizeof(float) * W);
+        else {
+            const uint16_t *src = (const uint16_t *)v_cache + (slot * Hkv + h0) * D;
+#pragma omp simd
+            for (int i = 0; i < W; i++) row[i] = bf16_to_f32(src[i]);
+        }
+        for (int r = 0; r < R; r++) {
+            const float p = scores[(size_t)r * L + t], *vr = row + (r / G) * D;
+            float *ar = acc + r * D;
+#pragma omp simd
+            for (int d = 0; d < D; d++) ar[d] += p * vr[d];
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        int64_t o = ((int64_t)b * H + h0 * G + r) * D;
+        float inv = 1.f / sums[r];
+        if (dtype == 0) for (int d = 0; d < D; d++) ((float *)out)[o + d] = acc[r * D + d] * inv;
+        else for (int d = 0; d < D; d++) ((uint16_t *)out)[o + d] = f32_to_bf16(acc[r * D + d] * inv);
+    }
+    free(scores);
+    return 0;
+}
+
+int paged_decode_attention(const void *q, const void *k_cache, const void *v_cache, void *out,
+                           const int64_t *block_tables, const int64_t *seq_lens, int B, int H, int Hkv,
+                           int D, int block_size, int max_blocks, float scale, int dtype, int threads) {
+    /* Enough sequences: one task each, all heads (contiguous reads). Few: split by kv head too. */
+    const int split = B >= 2 * threads ? 1 : Hkv;
+    const int per = Hkv / split;
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(| : failed)
+    for (int task = 0; task < B * split; task++) {
+        int b = task / split, h0 = (task % split) * per;
+        failed |= attend(q, k_cache, v_cache, out, block_tables + (int64_t)b * max_blocks, seq_lens[b], b,
+                         h0, h0 + per, H, Hkv, D, block_size, scale, dtype);
+    }
+    return failed;
+}

@@ -48,8 +48,10 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     if (!scores) return 1;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
     for (int r = 0; r < R; r++) load_row(q, (int64_t)b * H + h0 * G + r, dtype, D, qf + r * D);
-    for (int64_t t = 0; t < L; t++) { /* pass 1: scores, reading K */
-        int64_t slot = table[t / block_size] * block_size + t % block_size;
+    int64_t slot = 0;
+    /* Tokens are walked block by block: no division per token (it cost more than the math). */
+    for (int64_t t = 0, next = 0; t < L; t++) { /* pass 1: scores, reading K */
+        if (t == next) { slot = table[t / block_size] * block_size; next += block_size; } else slot++;
         if (dtype == 0) memcpy(row, (const float *)k_cache + (slot * Hkv + h0) * D, sizeof(float) * W);
         else {
             const uint16_t *src = (const uint16_t *)k_cache + (slot * Hkv + h0) * D;
@@ -72,8 +74,8 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
         sums[r] = sum;
     }
     memset(acc, 0, sizeof(float) * R * D);
-    for (int64_t t = 0; t < L; t++) { /* pass 2: weighted values, reading V */
-        int64_t slot = table[t / block_size] * block_size + t % block_size;
+    for (int64_t t = 0, next = 0; t < L; t++) { /* pass 2: weighted values, reading V */
+        if (t == next) { slot = table[t / block_size] * block_size; next += block_size; } else slot++;
         if (dtype == 0) memcpy(row, (const float *)v_cache + (slot * Hkv + h0) * D, sizeof(float) * W);
         else {
             const uint16_t *src = (const uint16_t *)v_cache + (slot * Hkv + h0) * D;

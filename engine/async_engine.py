@@ -1,0 +1,181 @@
+"""The async front: one engine thread drives step(); callers on any thread or event loop submit
+requests and read their deltas from an async iterator.
+
+Locking rule: only the engine thread touches the LLMEngine. Other threads talk to it through
+`_inbox` (commands under `_lock`) and get answers through futures and per-request queues.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.metrics import EngineMetrics
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+log = logging.getLogger("pagedchat.async")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop crashed or is not loaded; nothing can be served."""
+
+
+@dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, *, load: bool = True) -> None:
+        self.config = config
+        self.engine: LLMEngine | None = None
+        self.metrics: EngineMetrics | None = None
+        self.state = "loading"  # loading | ready | dead
+        self.error: str | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: list[Callable[[], None]] = []
+        self._streams: dict[str, _Stream] = {}
+        self._ids = itertools.count()
+        self._stop = False
+        self._loaded = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pagedchat-engine", daemon=True)
+        if load:
+            self._thread.start()
+
+    # ---- lifecycle ----------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._loaded.wait(timeout)
+        return self.ready
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.source.name if self.engine else (self.config.model or "default")
+
+    # ---- requests (any thread / event loop) -----------------------------------------------
+    async def generate(self, prompt: str | list[int], params: SamplingParams, *, request_id: str | None = None,
+                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """Yields one RequestOutput per step with new text; the last has finished=True. If the caller
+        stops iterating (client gone, task cancelled), the request is aborted at once."""
+        if not self.ready:
+            raise EngineDeadError(self.error or "the engine is still loading")
+        request_id = request_id or f"req-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue())
+        added: concurrent.futures.Future = concurrent.futures.Future()
+
+        def add() -> None:
+            try:
+                self.engine.add_request(prompt, params, request_id=request_id, priority=priority)
+                self._streams[request_id] = stream
+                added.set_result(None)
+            except Exception as e:  # noqa: BLE001 - handed to the caller as is
+                added.set_exception(e)
+
+        self._submit(add)
+        await asyncio.wrap_future(added)
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        def do() -> None:
+            if self.engine is not None:
+                self.engine.abort_request(request_id)
+        self._submit(do)
+
+    def call(self, fn: Callable[[LLMEngine], object], timeout: float = 60) -> object:
+        """Run fn(engine) on the engine thread and return its result (for stats, tokenizing...)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def do() -> None:
+            try:
+                fut.set_result(fn(self.engine))
+            except Exception as e:  # noqa: BLE001
+                fut.set_exception(e)
+        self._submit(do)
+        return fut.result(timeout)
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        if self.state == "dead":
+            raise EngineDeadError(self.error or "the engine loop is not running")
+        with self._lock:
+            self._inbox.append(command)
+        self._wake.set()
+
+    # ---- the engine thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self.engine = LLMEngine(self.config)
+            self.metrics = EngineMetrics(self.engine.source.name)
+            e = self.engine
+            self.metrics.on_loaded(e.load_seconds, e.weight_bytes, e.runner.kv_cache_bytes, e.kv.pool.num_blocks)
+            self.metrics.on_step(e.get_stats(), stepped=False)
+            self.state = "ready"
+        except Exception as e:  # noqa: BLE001
+            log.exception("model load failed")
+            self.state, self.error = "dead", f"model load failed: {e}"
+            self._loaded.set()
+            return
+        self._loaded.set()
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - a crashed loop fails everyone, loudly
+            log.exception("engine loop crashed")
+            self.state, self.error = "dead", f"engine loop crashed: {type(e).__name__}: {e}"
+            self.metrics.set_healthy(False)
+            dead = EngineDeadError(self.error)
+            for stream in list(self._streams.values()):
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, dead)
+            self._streams.clear()
+
+    def _loop(self) -> None:
+        engine, metrics = self.engine, self.metrics
+        while not self._stop:
+            with self._lock:
+                commands, self._inbox = self._inbox, []
+                self._wake.clear()
+            for command in commands:
+                command()
+            outputs = engine.step() if engine.has_unfinished_requests() else []
+            stepped = bool(outputs) or engine.has_unfinished_requests()
+            for out in outputs:
+                metrics.on_output(out)
+                stream = self._streams.get(out.request_id)
+                if stream is None:
+                    continue
+                if out.finished:
+                    del self._streams[out.request_id]
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+            metrics.on_step(engine.get_stats(), stepped=stepped)
+            if not engine.has_unfinished_requests():
+                self._wake.wait(timeout=1.0)
+

@@ -1,0 +1,155 @@
+"""Prometheus collectors under vLLM's metric names, fed with facts from the engine thread.
+
+The engine emits facts (stats counters, request timestamps); this module turns them into series.
+Every labelled series is created at start so dashboards never see "no data" before traffic.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import ProcessCollector
+
+from engine.outputs import EngineStats, RequestOutput
+
+log = logging.getLogger("pagedchat.metrics")
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+_ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)
+        labels = ["model_name"]
+        self.model_name = model_name
+
+        def gauge(name, doc, extra=()):
+            return Gauge(name, doc, labels + list(extra), registry=r)
+
+        def counter(name, doc, extra=()):
+            return Counter(name, doc, labels + list(extra), registry=r)
+
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.running = gauge("vllm:num_requests_running", "Requests in the running batch")
+        self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100%")
+        self.prefix_queries = counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.preemptions = counter("vllm:num_preemptions", "Preemptions by the scheduler")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens received")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated")
+        self.success = counter("vllm:request_success", "Finished requests by finish reason", ["finished_reason"])
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total", "Tokens per engine step", _TOKEN_BUCKETS)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Time between output tokens", _ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled", _LATENCY_BUCKETS)
+        self.kv_blocks = gauge("pagedchat:kv_blocks", "KV blocks by state", ["state"])
+        self.kv_blocks_total = gauge("pagedchat:kv_blocks_total", "KV blocks in the pool")
+        self.batch_size = histogram("pagedchat:batch_size", "Requests per engine step", _TOKEN_BUCKETS)
+        self.load_seconds = gauge("pagedchat:model_load_seconds", "Seconds the model took to load")
+        self.rss = gauge("pagedchat:resident_memory_bytes", "Resident memory of the process")
+        self.weight_bytes = gauge("pagedchat:weight_bytes", "Bytes of model weights")
+        self.kv_cache_bytes = gauge("pagedchat:kv_cache_bytes", "Bytes of the KV block pool")
+        self.healthy = gauge("pagedchat:engine_healthy", "1 when the engine loop is serving")
+        self.load_failures = counter("pagedchat:model_load_failures", "Model loads that failed")
+        for reason in FINISH_REASONS:
+            self.success.labels(model_name, reason)
+        for state in ("used", "cached", "free"):
+            self.kv_blocks.labels(model_name, state)
+        for metric in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
+                       self.preemptions, self.prompt_tokens, self.generation_tokens, self.iteration_tokens,
+                       self.ttft, self.itl, self.e2e, self.queue_time, self.kv_blocks_total, self.batch_size,
+                       self.load_seconds, self.rss, self.weight_bytes, self.kv_cache_bytes, self.healthy,
+                       self.load_failures):
+            metric.labels(model_name)
+        self._last = EngineStats()
+        self._last_token_time: dict[str, float] = {}
+        self._last_log = 0.0
+        self._window = (time.monotonic(), 0)  # (start, generation tokens at start) for the log line
+        self._process = psutil.Process()
+
+    def _l(self, metric, *extra):
+        return metric.labels(self.model_name, *extra)
+
+    def on_loaded(self, load_seconds: float, weight_bytes: int, kv_cache_bytes: int, kv_blocks: int) -> None:
+        self._l(self.load_seconds).set(load_seconds)
+        self._l(self.weight_bytes).set(weight_bytes)
+        self._l(self.kv_cache_bytes).set(kv_cache_bytes)
+        self._l(self.kv_blocks_total).set(kv_blocks)
+        self._l(self.healthy).set(1)
+
+    def on_step(self, stats: EngineStats, stepped: bool) -> None:
+        last = self._last
+        for counter, now, before in (
+                (self.prefix_queries, stats.prefix_cache_queries, last.prefix_cache_queries),
+                (self.prefix_hits, stats.prefix_cache_hits, last.prefix_cache_hits),
+                (self.preemptions, stats.num_preemptions, last.num_preemptions),
+                (self.prompt_tokens, stats.prompt_tokens_total, last.prompt_tokens_total),
+                (self.generation_tokens, stats.generation_tokens_total, last.generation_tokens_total)):
+            if now > before:
+                self._l(counter).inc(now - before)
+        self._last = stats
+        self._l(self.running).set(stats.num_running)
+        self._l(self.waiting).set(stats.num_waiting)
+        self._l(self.kv_usage).set(stats.kv_cache_usage)
+        self._l(self.kv_blocks, "used").set(stats.kv_blocks_used)
+        self._l(self.kv_blocks, "cached").set(stats.kv_blocks_cached)
+        self._l(self.kv_blocks, "free").set(stats.kv_blocks_free)
+        if stepped:
+            self._l(self.iteration_tokens).observe(stats.last_prefill_tokens + stats.last_decode_tokens)
+            self._l(self.batch_size).observe(stats.last_batch_size)
+        self._maybe_log(stats)
+
+    def on_output(self, out: RequestOutput) -> None:
+        now = time.time()
+        rid = out.request_id
+        if out.delta_token_ids:
+            previous = self._last_token_time.get(rid)
+            if previous is not None:
+                gap = (now - previous) / len(out.delta_token_ids)
+                for _ in out.delta_token_ids:
+                    self._l(self.itl).observe(gap)
+            self._last_token_time[rid] = now
+        if not out.finished:
+            return
+        self._last_token_time.pop(rid, None)
+        m = out.metrics
+        reason = out.outputs[0].finish_reason or "error"
+        self._l(self.success, reason if reason in FINISH_REASONS else "error").inc()
+        if m is None:
+            return
+        if m.first_token_time is not None:
+            self._l(self.ttft).observe(m.first_token_time - m.arrival_time)
+        if m.first_scheduled_time is not None:
+            self._l(self.queue_time).observe(m.first_scheduled_time - m.arrival_time)
+        self._l(self.e2e).observe((m.finished_time or now) - m.arrival_time)
+
+    def set_healthy(self, healthy: bool) -> None:
+        self._l(self.healthy).set(1 if healthy else 0)
+
+    def exposition(self) -> bytes:
+        self._l(self.rss).set(self._process.memory_info().rss)
+        return generate_latest(self.registry)
+
+    def _maybe_log(self, s: EngineStats) -> None:
+        now = time.monotonic()
+        if now - self._last_log < 5.0 or not (s.num_running or s.num_waiting):
+            if not (s.num_running or s.num_waiting):
+                self._window = (now, s.generation_tokens_total)
+            return
+        start, tokens = self._window
+        rate = (s.generation_tokens_total - tokens) / max(now - start, 1e-9)
+        log.info("running %d, waiting %d, KV %.1f%% (%d/%d blocks), prefix hit rate %.1f%%, %.1f gen tok/s",
+                 s.num_running, s.num_waiting, 100 * s.kv_cache_usage, s.kv_blocks_used, s.kv_blocks_total,
+                 100 * s.prefix_cache_hit_rate, rate)
+        self._last_log = now
+        self._window = (now, s.generation_tokens_total)

@@ -1,0 +1,129 @@
+"""OpenAI request and response shapes for the server (pydantic), and the mapping of request fields
+onto SamplingParams. Nothing here touches the engine."""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.sampling_params import SamplingParams
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by /v1/chat/completions and /v1/completions. Unknown fields are ignored."""
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    priority: int = 0
+    user: str | None = None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def sampling_params(self, room: int) -> SamplingParams:
+        """`room`: tokens left in the context after the prompt (the default for max_tokens)."""
+        values = dict(n=self.n, max_tokens=self.requested_max_tokens() or room, min_tokens=self.min_tokens,
+                      stop=self.stop, stop_token_ids=self.stop_token_ids, seed=self.seed, ignore_eos=self.ignore_eos)
+        for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
+                              ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            value = getattr(self, name)
+            values[name] = default if value is None else value
+        return SamplingParams(**values)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
+
+
+class TokenizeRequest(BaseModel):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(BaseModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+def chat_chunk(rid: str, model: str, created: int, delta: dict, finish_reason: str | None = None) -> dict:
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def completion_chunk(rid: str, model: str, created: int, text: str, index: int = 0,
+                     finish_reason: str | None = None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def now() -> int:
+    return int(time.time())

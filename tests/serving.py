@@ -1,0 +1,45 @@
+"""A real server on 127.0.0.1 and a free port, in a thread, for the end-to-end tests."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from engine.async_engine import AsyncLLM
+from engine.server import create_app
+
+
+class LiveServer:
+    def __init__(self, llm: AsyncLLM, **app_options) -> None:
+        self.llm = llm
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(llm, **app_options), log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        wait_for(lambda: self.server.started, 60, "server start")
+        if not self.llm.wait_ready(300):
+            raise RuntimeError(f"engine failed to load: {self.llm.error}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.llm.shutdown()
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    """Poll a condition until it holds (bounded); the tests' only way of waiting."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        time.sleep(0.02)

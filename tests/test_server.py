@@ -1,0 +1,177 @@
+"""The OpenAI-compatible server end to end, with the official `openai` client."""
+import concurrent.futures
+import json
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import EngineConfig, SamplingParams
+from engine.async_engine import AsyncLLM
+from engine.server import create_app
+from tests.serving import LiveServer, wait_for
+
+QUESTION = [{"role": "user", "content": "My parcel NW20481377 is late. What should I do?"}]
+
+
+@pytest.fixture(scope="module")
+def live():
+    llm = AsyncLLM(EngineConfig(dtype="float32", num_kv_blocks=1024, max_model_len=2048))
+    with LiveServer(llm) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def used_blocks(live) -> int:
+    return live.llm.call(lambda e: e.get_stats().kv_blocks_used)
+
+
+def test_chat_matches_offline_generate(client, smol32):
+    reply = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION,
+                                           max_tokens=24, temperature=0)
+    expected = smol32.chat(QUESTION, SamplingParams(temperature=0, max_tokens=24))[0]
+    assert reply.choices[0].message.content == expected.outputs[0].text
+    assert reply.choices[0].finish_reason == expected.outputs[0].finish_reason
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert reply.usage.completion_tokens == len(expected.outputs[0].token_ids)
+    assert reply.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_streamed_chat_equals_whole_reply_and_reports_usage(client):
+    whole = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, max_tokens=24,
+                                           temperature=0)
+    chunks = list(client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, max_tokens=24,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-2].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # same prompt twice: a cache hit
+
+
+def test_completions_and_models(client, smol32):
+    ids = smol32.get_tokenizer().encode("The capital of France is")
+    by_text = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
+                                        max_tokens=8, temperature=0)
+    by_ids = client.completions.create(model="SmolLM2-135M-Instruct", prompt=ids, max_tokens=8, temperature=0)
+    expected = smol32.generate([ids], SamplingParams(temperature=0, max_tokens=8))[0].outputs[0].text
+    assert by_text.choices[0].text == by_ids.choices[0].text == expected
+    streamed = client.completions.create(model="SmolLM2-135M-Instruct", prompt=ids, max_tokens=8, temperature=0,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected
+    models = client.models.list().data
+    assert [m.id for m in models] == ["SmolLM2-135M-Instruct"]
+    assert models[0].model_extra["max_model_len"] == 2048
+
+
+def test_sixteen_concurrent_streams_equal_sequential_replies(client):
+    def ask(i, stream):
+        messages = [{"role": "user", "content": f"Customer {i} asks: where is order NW{20480000 + i}?"}]
+        if not stream:
+            return client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=messages, max_tokens=16,
+                                                  temperature=0).choices[0].message.content
+        parts = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=messages, max_tokens=16,
+                                               temperature=0, stream=True)
+        return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+
+    sequential = [ask(i, False) for i in range(16)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        concurrent_replies = list(pool.map(lambda i: ask(i, True), range(16)))
+    assert concurrent_replies == sequential
+
+
+def test_disconnect_mid_stream_aborts_and_frees_blocks(live):
+    idle = used_blocks(live)
+    body = {"model": "SmolLM2-135M-Instruct", "messages": QUESTION, "max_tokens": 1500, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{live.url}/v1/chat/completions", json=body) as response:
+            lines = response.iter_lines()
+            seen = [next(lines) for _ in range(6)]
+            assert any(line.startswith("data: ") for line in seen)
+            assert used_blocks(live) > idle
+    wait_for(lambda: used_blocks(live) == idle, 30, "the aborted request's blocks to be freed")
+    live.llm.call(lambda e: e.check_integrity())
+
+
+def test_metrics_exist_from_the_start_and_move(live, client):
+    def scrape():
+        text = httpx.get(f"{live.url}/metrics").text
+        return {s.name + json.dumps(s.labels, sort_keys=True): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    before = scrape()
+    names = {key.split("{")[0] for key in before}
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+                 "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+                 "vllm:iteration_tokens_total_bucket", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+                 "vllm:request_queue_time_seconds_bucket", "pagedchat:kv_blocks", "pagedchat:kv_blocks_total",
+                 "pagedchat:batch_size_bucket", "pagedchat:model_load_seconds", "pagedchat:resident_memory_bytes"):
+        assert name in names, name
+    client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=QUESTION, max_tokens=5, temperature=0)
+    after = scrape()
+    key = 'vllm:generation_tokens_total{"model_name": "SmolLM2-135M-Instruct"}'
+    assert after[key] >= before[key] + 5
+    stop = 'vllm:request_success_total{"finished_reason": "length", "model_name": "SmolLM2-135M-Instruct"}'
+    assert after[stop] == before[stop] + 1
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ("{not json", 400, None),
+    ({"model": "SmolLM2-135M-Instruct", "messages": "hello"}, 400, "messages"),
+    ({"model": "SmolLM2-135M-Instruct", "messages": QUESTION, "temperature": "hot"}, 400, "temperature"),
+    ({"model": "SmolLM2-135M-Instruct", "messages": QUESTION, "temperature": -1}, 400, "temperature"),
+    ({"model": "SmolLM2-135M-Instruct", "messages": QUESTION, "top_p": 7}, 400, "top_p"),
+    ({"model": "SmolLM2-135M-Instruct", "messages": QUESTION, "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "SmolLM2-135M-Instruct", "messages": QUESTION, "n": 3}, 400, "n"),
+    ({"model": "SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "word " * 3000}]}, 400, "messages"),
+    ({"model": "SmolLM2-135M-Instruct", "messages": QUESTION, "max_tokens": 4000}, 400, "max_tokens"),
+    ({"model": "gpt-9", "messages": QUESTION}, 404, "model"),
+])
+def test_bad_input_gets_the_right_status_and_shape(live, body, status, param):
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(f"{live.url}/v1/chat/completions", content=content, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param:
+        assert error["param"] and error["param"].startswith(param)
+    if "word " in content:
+        assert "2048" in error["message"]  # the numbers are in the message
+    ok = httpx.post(f"{live.url}/v1/chat/completions", json={"messages": QUESTION, "max_tokens": 2})
+    assert ok.status_code == 200  # and the server keeps serving
+
+
+def test_api_key_and_health(live):
+    from fastapi.testclient import TestClient
+
+    guarded = TestClient(create_app(live.llm, api_key="s3cret"))
+    assert guarded.get("/v1/models").status_code == 401
+    wrong = guarded.get("/v1/models", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    assert guarded.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert guarded.get("/health").status_code == 200
+    loading = TestClient(create_app(AsyncLLM(EngineConfig(), load=False)))
+    assert loading.get("/health").status_code == 503
+    assert loading.post("/v1/chat/completions", json={"messages": QUESTION}).status_code == 503
+
+
+def test_overload_is_503_and_the_server_recovers(tiny_model):
+    path, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=path, dtype="float32", num_kv_blocks=200, max_num_seqs=1, max_waiting=1))
+    with LiveServer(llm) as server:
+        hold = SamplingParams(max_tokens=3000, ignore_eos=True)
+        llm.call(lambda e: e.add_request([5, 6, 7], hold, request_id="busy"))
+        llm.call(lambda e: e.add_request([8, 9], hold, request_id="queued"))
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+        llm.call(lambda e: (e.abort_request("busy"), e.abort_request("queued")))
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2

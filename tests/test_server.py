@@ -175,3 +175,32 @@ def test_overload_is_503_and_the_server_recovers(tiny_model):
         llm.call(lambda e: (e.abort_request("busy"), e.abort_request("queued")))
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+def test_tokenize_detokenize_round_trip(live, smol32):
+    r = httpx.post(f"{live.url}/tokenize", json={"prompt": "Where is my parcel?"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["tokens"] == smol32.get_tokenizer().encode("Where is my parcel?")
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] == 2048
+    chat = httpx.post(f"{live.url}/tokenize", json={"messages": QUESTION}).json()
+    assert chat["tokens"] == smol32.render_chat(QUESTION)
+    back = httpx.post(f"{live.url}/detokenize", json={"tokens": body["tokens"]}).json()
+    assert back["prompt"] == "Where is my parcel?"
+    assert httpx.post(f"{live.url}/detokenize", json={"tokens": [-4]}).status_code == 400
+
+
+def test_a_crashed_engine_loop_fails_requests_and_health(tiny_model):
+    path, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=path, dtype="float32", num_kv_blocks=64))
+    with LiveServer(llm) as server:
+        assert httpx.get(f"{server.url}/health").status_code == 200
+
+        def explode():
+            raise RuntimeError("scheduler bug")
+
+        llm.call(lambda e: setattr(e.scheduler, "schedule", explode))
+        r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4})
+        assert r.status_code == 503 and "scheduler bug" in r.json()["error"]["message"]
+        health = httpx.get(f"{server.url}/health")
+        assert health.status_code == 503 and "scheduler bug" in health.json()["error"]

@@ -1,0 +1,3 @@
+from storage.store import Store, StoreError
+
+__all__ = ["Store", "StoreError"]

@@ -1,0 +1,39 @@
+"""Schema migrations: named functions applied once each, recorded in a ledger table.
+Never edit a migration once shipped; add a new one."""
+from __future__ import annotations
+
+import time
+
+import sqlite_utils
+
+
+def m001_initial(db: sqlite_utils.Database) -> None:
+    db["users"].create({"id": str, "name": str, "created": float}, pk="id")
+    db["sessions"].create({"id": str, "user_id": str, "title": str, "system_prompt": str, "model": str,
+                           "created": float, "updated": float}, pk="id",
+                          foreign_keys=[("user_id", "users", "id")])
+    db["sessions"].create_index(["user_id", "updated"])
+    db["messages"].create({"id": int, "session_id": str, "role": str, "content": str, "token_ids": str,
+                           "model": str, "finish_reason": str, "prompt_tokens": int, "cached_tokens": int,
+                           "generated_tokens": int, "ttft": float, "tokens_per_s": float, "created": float},
+                          pk="id", foreign_keys=[("session_id", "sessions", "id")])
+    db["messages"].create_index(["session_id", "id"])
+    db["settings"].create({"key": str, "value": str}, pk="key")
+
+
+MIGRATIONS = [m001_initial]
+
+
+def migrate(db: sqlite_utils.Database) -> list[str]:
+    """Apply the migrations the ledger does not list yet; returns their names."""
+    db["_migrations"].create({"name": str, "applied": float}, pk="name", if_not_exists=True)
+    done = {row["name"] for row in db["_migrations"].rows}
+    applied = []
+    for migration in MIGRATIONS:
+        if migration.__name__ in done:
+            continue
+        with db.conn:
+            migration(db)
+            db["_migrations"].insert({"name": migration.__name__, "applied": time.time()})
+        applied.append(migration.__name__)
+    return applied

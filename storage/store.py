@@ -1,0 +1,135 @@
+"""Users, chat sessions and messages (with their exact token ids) in SQLite through sqlite-utils.
+
+A new connection per operation: safe from any thread (Gradio handlers, the engine's callbacks),
+WAL so readers never block the writer, foreign keys on so a deleted session takes its messages.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import sqlite3
+import time
+import uuid
+
+import sqlite_utils
+
+from storage.migrations import migrate
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or written."""
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder):
+            raise StoreError(f"cannot open database {path}: folder {folder} does not exist")
+        try:
+            with self._db() as db:
+                db.conn.execute("PRAGMA journal_mode=WAL")
+                migrate(db)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open database {path}: {e}") from None
+
+    @contextlib.contextmanager
+    def _db(self):
+        conn = sqlite3.connect(self.path, timeout=30)
+        try:
+            conn.execute("PRAGMA foreign_keys=ON")
+            yield sqlite_utils.Database(conn)
+            conn.commit()
+        finally:
+            conn.close()
+
+    # ---- settings -----------------------------------------------------------------------
+    def secret(self) -> str:
+        """A per-installation secret, made once: browser ids stay valid across restarts."""
+        with self._db() as db:
+            rows = list(db["settings"].rows_where("key = ?", ["browser_secret"]))
+            if rows:
+                return rows[0]["value"]
+            value = secrets.token_hex(32)
+            db["settings"].insert({"key": "browser_secret", "value": value}, ignore=True)
+            return list(db["settings"].rows_where("key = ?", ["browser_secret"]))[0]["value"]
+
+    # ---- users and sessions ---------------------------------------------------------------
+    def ensure_user(self, user_id: str, name: str | None = None) -> None:
+        with self._db() as db:
+            db["users"].insert({"id": user_id, "name": name or user_id, "created": time.time()}, ignore=True)
+
+    def create_session(self, user_id: str, title: str = "New chat", system_prompt: str = "",
+                       model: str = "") -> str:
+        self.ensure_user(user_id)
+        sid = uuid.uuid4().hex[:12]
+        now = time.time()
+        with self._db() as db:
+            db["sessions"].insert({"id": sid, "user_id": user_id, "title": title, "system_prompt": system_prompt,
+                                   "model": model, "created": now, "updated": now})
+        return sid
+
+    def sessions(self, user_id: str, search: str = "") -> list[dict]:
+        """The user's sessions, most recently updated first; `search` matches titles and messages."""
+        with self._db() as db:
+            if not search:
+                return list(db["sessions"].rows_where("user_id = ?", [user_id], order_by="updated desc"))
+            like = f"%{search}%"
+            return list(db.query(
+                "select * from sessions where user_id = ? and (title like ? or id in "
+                "(select session_id from messages where content like ?)) order by updated desc",
+                [user_id, like, like]))
+
+    def session(self, user_id: str, session_id: str) -> dict | None:
+        """A session, only if it belongs to this user."""
+        with self._db() as db:
+            rows = list(db["sessions"].rows_where("id = ? and user_id = ?", [session_id, user_id]))
+        return rows[0] if rows else None
+
+    def update_session(self, user_id: str, session_id: str, **fields) -> None:
+        allowed = {k: v for k, v in fields.items() if k in ("title", "system_prompt", "model")}
+        allowed["updated"] = time.time()
+        with self._db() as db:
+            db.conn.execute(f"update sessions set {', '.join(f'{k} = ?' for k in allowed)} "
+                            "where id = ? and user_id = ?", [*allowed.values(), session_id, user_id])
+
+    def delete_session(self, user_id: str, session_id: str) -> None:
+        with self._db() as db:
+            if self._owned(db, user_id, session_id):
+                db.conn.execute("delete from messages where session_id = ?", [session_id])
+                db.conn.execute("delete from sessions where id = ?", [session_id])
+
+    # ---- messages -----------------------------------------------------------------------
+    def add_message(self, user_id: str, session_id: str, role: str, content: str,
+                    token_ids: list[int] | None = None, **stats) -> int:
+        row = {"session_id": session_id, "role": role, "content": content,
+               "token_ids": json.dumps(token_ids or []), "created": time.time()}
+        row.update({k: v for k, v in stats.items() if k in (
+            "model", "finish_reason", "prompt_tokens", "cached_tokens", "generated_tokens", "ttft", "tokens_per_s")})
+        with self._db() as db:
+            if not self._owned(db, user_id, session_id):
+                raise StoreError(f"session {session_id} does not belong to this user")
+            message_id = db["messages"].insert(row).last_pk
+            db.conn.execute("update sessions set updated = ? where id = ?", [time.time(), session_id])
+        return message_id
+
+    def messages(self, user_id: str, session_id: str) -> list[dict]:
+        with self._db() as db:
+            if not self._owned(db, user_id, session_id):
+                return []
+            rows = list(db["messages"].rows_where("session_id = ?", [session_id], order_by="id"))
+        for row in rows:
+            row["token_ids"] = json.loads(row["token_ids"] or "[]")
+        return rows
+
+    def delete_messages_from(self, user_id: str, session_id: str, message_id: int) -> None:
+        """Drop a message and everything after it (regenerate, edit)."""
+        with self._db() as db:
+            if self._owned(db, user_id, session_id):
+                db.conn.execute("delete from messages where session_id = ? and id >= ?", [session_id, message_id])
+
+    @staticmethod
+    def _owned(db, user_id: str, session_id: str) -> bool:
+        return bool(list(db["sessions"].rows_where("id = ? and user_id = ?", [session_id, user_id])))

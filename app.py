@@ -1,76 +1,84 @@
-"""pagedchat: start the engine on the default model and chat in the terminal.
+"""pagedchat: the browser chat (Gradio, at /) and the OpenAI-compatible API (at /v1), one process,
+one port, the inference engine inside.
 
-The browser UI and the OpenAI server will be composed here; until then this is a streaming
-terminal chat through the engine, with the engine's flags (python app.py --help).
+    python app.py                              # http://127.0.0.1:7860
+    python app.py --db chats.db --auth alice:secret --model path/to/model.gguf
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
-from engine import LLM, SamplingParams
 from engine.config import add_engine_args, config_from_args
+from storage import Store, StoreError
 
-SYSTEM = "You are a helpful, concise customer service assistant."
+log = logging.getLogger("pagedchat.app")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="pagedchat: browser chat + OpenAI API with an in-process engine")
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 only inside a container)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--db", default="pagedchat.db", help="SQLite file for users, chats and messages")
+    p.add_argument("--auth", action="append", default=[], metavar="USER:PASSWORD",
+                   help="require a login (repeatable); without it each browser is its own user")
+    p.add_argument("--secret", default=os.environ.get("PAGEDCHAT_SECRET"),
+                   help="signs the per-browser user id (default: one made once and kept in the database)")
+    p.add_argument("--models", action="append", default=[], metavar="PATH",
+                   help="extra models (folders or .gguf files) offered in the UI's model switcher")
+    p.add_argument("--api-key", default=None, help="require this Bearer token on /v1")
+    p.add_argument("--served-model-name", default=None)
+    return p.parse_args(argv)
+
+
+def build_app(args: argparse.Namespace):
+    """FastAPI with the API routes first, then the Gradio UI mounted at / (routes added first win)."""
+    import gradio as gr
+
+    from engine.async_engine import AsyncLLM
+    from engine.server import create_app
+    from ui.app import build_ui
+
+    store = Store(args.db)
+    users = []
+    for item in args.auth:
+        name, sep, password = item.partition(":")
+        if not sep or not name or not password:
+            raise ValueError(f"--auth takes USER:PASSWORD, got {item!r}")
+        users.append((name, password))
+    config = config_from_args(args)
+    llm = AsyncLLM(config)
+    api = create_app(llm, api_key=args.api_key, served_model_name=args.served_model_name)
+    models = {"SmolLM2-135M-Instruct (embedded)" if config.model is None else os.path.basename(config.model):
+              config.model}
+    for path in args.models:
+        models.setdefault(os.path.basename(os.path.normpath(path)), path)
+    demo = build_ui(llm, store, models=models, secret=args.secret or store.secret())
+    app = gr.mount_gradio_app(api, demo, path="/", auth=users or None, footer_links=[], run_history=False)
+    return app, llm
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_engine_args(parser)
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--prompt", action="append", help="send this message and exit (repeatable)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    import uvicorn
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        config = config_from_args(args)
-        params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
-    except ValueError as e:
-        parser.error(str(e))
-    llm = LLM(**{k: v for k, v in config.__dict__.items()})
-    messages = [{"role": "system", "content": SYSTEM}]
-    inputs = iter(args.prompt) if args.prompt else _read_lines()
-    for text in inputs:
-        messages.append({"role": "user", "content": text})
-        if args.prompt:
-            print(f"you> {text}")
-        reply = _stream_reply(llm, messages, params)
-        messages.append({"role": "assistant", "content": reply})
+        app, llm = build_app(args)
+    except (StoreError, ValueError) as e:
+        print(f"pagedchat: {e}", file=sys.stderr)
+        return 2
+    log.info("serving the chat at http://%s:%d/ and the API at /v1 (the model loads in the background)",
+             args.host, args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
+    finally:
+        llm.shutdown()
     return 0
-
-
-def _read_lines():
-    print("pagedchat terminal chat: type a message, Ctrl-D to quit.")
-    while True:
-        try:
-            line = input("you> ").strip()
-        except EOFError:
-            print()
-            return
-        if line:
-            yield line
-
-
-def _stream_reply(llm: LLM, messages: list[dict], params: SamplingParams) -> str:
-    eng = llm.engine
-    rid = eng.add_request(llm.render_chat(messages), params)
-    print("bot> ", end="", flush=True)
-    text = ""
-    while True:
-        for out in eng.step():
-            if out.request_id == rid:
-                print(out.delta_text, end="", flush=True)
-                if out.finished:
-                    text = out.outputs[0].text
-                    m = out.metrics
-                    ttft = (m.first_token_time - m.arrival_time) if m.first_token_time else 0.0
-                    n = len(out.outputs[0].token_ids)
-                    secs = max(m.finished_time - m.arrival_time, 1e-9)
-                    print(f"\n     [{n} tokens, {n / secs:.1f} tok/s, TTFT {ttft * 1000:.0f} ms, "
-                          f"{out.num_cached_tokens} cached prompt tokens]")
-                    return text
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import concurrent.futures
 import itertools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -124,6 +125,40 @@ class AsyncLLM:
         self._submit(do)
         return fut.result(timeout)
 
+    def switch_model(self, config: EngineConfig) -> str:
+        """Load another model on the engine thread. In-flight requests are aborted (their streams end
+        with "abort"); if the load fails the old model keeps serving and the error is raised.
+        Blocks the caller until done; returns a line saying what happened."""
+        def do(old: LLMEngine) -> str:
+            aborted = sorted(self._streams) + [r for r in list(old._tracked) if r not in self._streams]
+            for rid in aborted:
+                old.abort_request(rid)
+            for out in old.step():
+                self._deliver(out)
+            t0 = time.perf_counter()
+            try:
+                new = LLMEngine(config)
+            except Exception as e:
+                self.metrics.load_failures.labels(self.metrics.model_name).inc()
+                raise ValueError(f"could not load {config.model or 'the default model'}: {e}") from e
+            self.engine, self.config = new, config
+            del old
+            self.metrics = EngineMetrics(new.source.name)
+            self.metrics.on_loaded(new.load_seconds, new.weight_bytes, new.runner.kv_cache_bytes,
+                                   new.kv.pool.num_blocks)
+            return (f"loaded {new.source.name} in {time.perf_counter() - t0:.1f}s; "
+                    f"aborted {len(aborted)} in-flight request(s)")
+        return self.call(do, timeout=600)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        self.metrics.on_output(out)
+        stream = self._streams.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            del self._streams[out.request_id]
+        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+
     def _submit(self, command: Callable[[], None]) -> None:
         if self.state == "dead":
             raise EngineDeadError(self.error or "the engine loop is not running")
@@ -158,24 +193,18 @@ class AsyncLLM:
             self._streams.clear()
 
     def _loop(self) -> None:
-        engine, metrics = self.engine, self.metrics
         while not self._stop:
             with self._lock:
                 commands, self._inbox = self._inbox, []
                 self._wake.clear()
             for command in commands:
                 command()
+            engine = self.engine  # a command may have switched the model
             outputs = engine.step() if engine.has_unfinished_requests() else []
             stepped = bool(outputs) or engine.has_unfinished_requests()
             for out in outputs:
-                metrics.on_output(out)
-                stream = self._streams.get(out.request_id)
-                if stream is None:
-                    continue
-                if out.finished:
-                    del self._streams[out.request_id]
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
-            metrics.on_step(engine.get_stats(), stepped=stepped)
+                self._deliver(out)
+            self.metrics.on_step(engine.get_stats(), stepped=stepped)
             if not engine.has_unfinished_requests():
                 self._wake.wait(timeout=1.0)
 

@@ -12,14 +12,16 @@ from engine.server import create_app
 
 
 class LiveServer:
-    def __init__(self, llm: AsyncLLM, **app_options) -> None:
+    """Serves `app` (default: the API for `llm`) until the with-block ends."""
+
+    def __init__(self, llm: AsyncLLM, app=None, **app_options) -> None:
         self.llm = llm
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(llm, **app_options), log_level="warning")
+        config = uvicorn.Config(app or create_app(llm, **app_options), log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -1,0 +1,97 @@
+"""The chat UI's events through gradio_client against the real app (API + Gradio on one port)."""
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from app import build_app, parse_args
+from storage import Store
+from tests.serving import LiveServer, wait_for
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    db = str(tmp_path_factory.mktemp("ui") / "chat.db")
+    args = parse_args(["--db", db, "--auth", "alice:pw-a", "--auth", "bob:pw-b", "--dtype", "float32",
+                       "--num-kv-blocks", "512", "--max-model-len", "2048"])
+    app, llm = build_app(args)
+    with LiveServer(llm, app) as server:
+        server.store = Store(db)
+        yield server
+
+
+def client(ui, who: str) -> Client:
+    return Client(ui.url, auth=(who, f"pw-{who[0]}"), verbose=False)
+
+
+def sessions_of(store: Store, who: str) -> list[dict]:
+    return store.sessions(f"login:{who}")
+
+
+def test_send_streams_and_stores_the_turn_with_token_ids(ui):
+    alice = client(ui, "alice")
+    job = alice.submit("Hello, where is my parcel?", 0.0, 1.0, 48, api_name="/send")
+    updates = list(job)
+    final_chat = updates[-1][0]
+    assert len(updates) > 3  # streamed: many partial updates before the end
+    assert final_chat[-1]["role"] == "assistant" and "generated" in str(final_chat[-1]["content"])
+    session = sessions_of(ui.store, "alice")[0]
+    msgs = ui.store.messages("login:alice", session["id"])
+    assert [m["role"] for m in msgs] == ["user", "assistant"]
+    assert msgs[0]["token_ids"] and msgs[1]["token_ids"] and msgs[1]["generated_tokens"] == len(msgs[1]["token_ids"])
+    assert session["title"].startswith("Hello, where is my parcel")
+
+
+def test_stop_aborts_and_keeps_the_partial_reply(ui):
+    bob = client(ui, "bob")
+    bob.predict("", api_name="/new_chat")
+    job = bob.submit("Tell me a very long story about a lost parcel.", 0.0, 1.0, 1000, api_name="/send")
+    wait_for(lambda: len(job.outputs()) >= 3, 120, "the reply to start streaming")
+    job.cancel()
+    wait_for(lambda: ui.llm.call(lambda e: e.get_stats().num_running) == 0, 60, "the request to be aborted")
+    wait_for(lambda: any(m["role"] == "assistant" for m in ui.store.messages(
+        "login:bob", sessions_of(ui.store, "bob")[0]["id"])), 30, "the partial reply to be stored")
+    reply = ui.store.messages("login:bob", sessions_of(ui.store, "bob")[0]["id"])[-1]
+    assert reply["finish_reason"] == "abort" and 0 < reply["generated_tokens"] < 1000
+    assert ui.llm.call(lambda e: e.get_stats().kv_blocks_used) == 0
+
+
+def test_regenerate_replaces_the_last_reply(ui):
+    alice = client(ui, "alice")
+    alice.predict("What are your opening hours?", 0.0, 1.0, 24, api_name="/send")
+    sid = sessions_of(ui.store, "alice")[0]["id"]
+    before = ui.store.messages("login:alice", sid)
+    alice.predict(0.9, 1.0, 24, api_name="/regenerate")
+    after = ui.store.messages("login:alice", sid)
+    assert len(after) == len(before)
+    assert after[-1]["created"] > before[-1]["created"] and after[-2] == before[-2]
+
+
+def test_switching_sessions_and_per_user_isolation(ui):
+    alice = client(ui, "alice")
+    first = sessions_of(ui.store, "alice")[-1]["id"]
+    alice.predict("", api_name="/new_chat")
+    alice.predict("Second chat here", 0.0, 1.0, 16, api_name="/send")
+    assert len(sessions_of(ui.store, "alice")) >= 2
+    opened = alice.predict(first, api_name="/open_session")
+    chat, _system, _title = opened  # State outputs are not part of the API result
+    assert any("parcel" in str(m["content"]) for m in chat)  # the first chat's history came back
+    bob = client(ui, "bob")
+    alice_ids = {s["id"] for s in sessions_of(ui.store, "alice")}
+    bob_sees = {choice[1] for choice in bob.predict("", api_name="/find")["choices"]}
+    assert bob_sees and not bob_sees & alice_ids
+    assert bob.predict("opening hours", api_name="/find")["choices"] == []  # only alice asked that
+    try:  # Gradio itself refuses a session id that is not among bob's choices...
+        snooped_chat = bob.predict(first, api_name="/open_session")[0]
+    except AppError:
+        snooped_chat = []
+    # ...and were it let through, the store answers only for sessions bob owns.
+    assert not any("opening hours" in str(m.get("content", "")) for m in (snooped_chat or []) if isinstance(m, dict))
+    assert ui.store.session("login:bob", first) is None
+
+
+def test_overlong_message_is_refused_and_kept_in_the_box(ui):
+    alice = client(ui, "alice")
+    huge = "refund " * 15000  # ~100 kB, far past max_model_len
+    chat, box = alice.predict(huge, 0.0, 1.0, 16, api_name="/send")
+    assert box == huge
+    assert ui.llm.call(lambda e: e.get_stats().kv_blocks_used) == 0

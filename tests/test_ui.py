@@ -10,9 +10,11 @@ from tests.serving import LiveServer, wait_for
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory):
-    db = str(tmp_path_factory.mktemp("ui") / "chat.db")
+    folder = tmp_path_factory.mktemp("ui")
+    db = str(folder / "chat.db")
+    (folder / "broken.gguf").write_bytes(b"GGUF but not really")
     args = parse_args(["--db", db, "--auth", "alice:pw-a", "--auth", "bob:pw-b", "--dtype", "float32",
-                       "--num-kv-blocks", "512", "--max-model-len", "2048"])
+                       "--num-kv-blocks", "512", "--max-model-len", "2048", "--models", str(folder / "broken.gguf")])
     app, llm = build_app(args)
     with LiveServer(llm, app) as server:
         server.store = Store(db)
@@ -95,3 +97,11 @@ def test_overlong_message_is_refused_and_kept_in_the_box(ui):
     chat, box = alice.predict(huge, 0.0, 1.0, 16, api_name="/send")
     assert box == huge
     assert ui.llm.call(lambda e: e.get_stats().kv_blocks_used) == 0
+
+
+def test_switching_to_a_model_that_fails_keeps_the_old_one_serving(ui):
+    alice = client(ui, "alice")
+    status = alice.predict("broken.gguf", "none", api_name="/switch")
+    assert "could not load" in status and "Still serving **SmolLM2-135M-Instruct**" in status
+    chat, _ = alice.predict("Still there?", 0.0, 1.0, 16, api_name="/send")
+    assert "generated" in str(chat[-1]["content"])

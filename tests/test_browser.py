@@ -1,0 +1,74 @@
+"""One real browser (Debian's Chromium driven by Playwright) against the real app."""
+import os
+import shutil
+
+import pytest
+
+from app import build_app, parse_args
+from tests.serving import LiveServer
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+SCREENSHOT_DIR = os.environ.get("PAGEDCHAT_SCREENSHOTS", "test-artifacts")
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory):
+    db = str(tmp_path_factory.mktemp("browser") / "chat.db")
+    app, llm = build_app(parse_args(["--db", db, "--num-kv-blocks", "512", "--max-model-len", "2048"]))
+    with LiveServer(llm, app) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Chromium is not installed (.ci/run installs Debian's chromium)")
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("profile")), executable_path=CHROMIUM,
+                                                   headless=True, args=FLAGS, viewport={"width": 1400, "height": 1000},
+                                                   timeout=180_000)
+        page = ctx.new_page()
+        page.set_default_timeout(120_000)
+        yield page
+        ctx.close()
+
+
+def test_chat_in_a_real_browser(app_url, page):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=120_000)
+    page.goto(app_url)
+    expect(page.locator("#kv-used")).to_be_visible()
+    generated_before = int(page.locator("#gen-total").inner_text())
+    # count text changes of the reply as it streams, inside the page
+    page.evaluate("""() => {
+        window.__changes = 0;
+        new MutationObserver(() => window.__changes++).observe(
+            document.querySelector('#chatbot'), {subtree: true, childList: true, characterData: true});
+    }""")
+    page.locator("#msg textarea").fill("Hi! <b>bold?</b> <img src=x onerror='window.__pwned=1'> Where is my parcel?")
+    page.locator("#send").click()
+    bot = page.locator("#chatbot [data-testid='bot']").last
+    expect(bot).to_contain_text("generated")  # the footer appears when the reply is finished
+    assert page.evaluate("window.__changes") > 5  # it streamed
+    assert page.evaluate("window.__pwned") is None  # HTML in a message is inert
+    expect(page.locator("#gen-total")).not_to_have_text(str(generated_before))  # the panel moved
+    first_reply = bot.inner_text()
+
+    page.locator("#new-chat").click()
+    expect(page.locator("#chatbot [data-testid='bot']")).to_have_count(0)
+    page.locator("#msg textarea").fill("Second chat: how do I return a tent?")
+    page.locator("#send").click()
+    expect(page.locator("#chatbot [data-testid='bot']").last).to_contain_text("generated")
+    expect(page.locator("#sessions label")).to_have_count(2)
+
+    page.reload()  # history comes back from SQLite, for the same browser
+    expect(page.locator("#sessions label")).to_have_count(2)
+    page.locator("#sessions label").filter(has_text="Hi!").click()
+    expect(page.locator("#chatbot [data-testid='bot']").last).to_contain_text(first_reply.split("\n")[0][:40])
+    os.makedirs(SCREENSHOT_DIR, exist_ok=True)
+    page.screenshot(path=os.path.join(SCREENSHOT_DIR, "chat.png"), full_page=True)

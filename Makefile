@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install install-dev browser run test bench
+.PHONY: install install-dev browser tools run test bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,10 +25,15 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		{ echo "install Debian's chromium package (sudo apt-get install chromium)"; exit 1; }
 
+# promtool, from Debian's prometheus package, unpacked into .tools (no server is installed).
+tools:
+	@test -x .tools/pkg/usr/bin/promtool || { mkdir -p .tools && cd .tools && apt-get download prometheus \
+		>/dev/null && dpkg -x prometheus_*.deb pkg; }
+
 run: install
 	$(PY) app.py $(ARGS)
 
-test: install-dev browser
+test: install-dev browser tools
 	$(PY) -m pytest -q
 
 bench: install-dev

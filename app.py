@@ -13,6 +13,7 @@ import sys
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 from engine.config import add_engine_args, config_from_args
+from engine.logs import add_logging_args, setup_logging
 from storage import Store, StoreError
 
 log = logging.getLogger("pagedchat.app")
@@ -32,6 +33,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="extra models (folders or .gguf files) offered in the UI's model switcher")
     p.add_argument("--api-key", default=None, help="require this Bearer token on /v1")
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--engine-url", default=None, metavar="URL",
+                   help="UI tier only: use the OpenAI API of engine pods at URL (e.g. http://engine:8000/v1) "
+                        "instead of an engine in this process")
+    add_logging_args(p)
     return p.parse_args(argv)
 
 
@@ -51,8 +56,19 @@ def build_app(args: argparse.Namespace):
             raise ValueError(f"--auth takes USER:PASSWORD, got {item!r}")
         users.append((name, password))
     config = config_from_args(args)
-    llm = AsyncLLM(config)
-    api = create_app(llm, api_key=args.api_key, served_model_name=args.served_model_name)
+    if args.engine_url:
+        from fastapi import FastAPI
+        from fastapi.responses import JSONResponse
+
+        from engine.remote_engine import RemoteLLM
+
+        llm = RemoteLLM(args.engine_url, config, api_key=args.api_key)
+        api = FastAPI(docs_url=None, redoc_url=None)
+        api.get("/health")(lambda: JSONResponse({"status": llm.state}, status_code=200 if llm.ready else 503))
+    else:
+        llm = AsyncLLM(config)
+        api = create_app(llm, api_key=args.api_key, served_model_name=args.served_model_name,
+                         log_text=args.log_message_text)
     models = {"SmolLM2-135M-Instruct (embedded)" if config.model is None else os.path.basename(config.model):
               config.model}
     for path in args.models:
@@ -66,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(args.log_format)
     try:
         app, llm = build_app(args)
     except (StoreError, ValueError) as e:

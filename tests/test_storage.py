@@ -72,3 +72,10 @@ def test_unwritable_path_is_a_clear_error(tmp_path):
     (locked / "chat.db").write_bytes(b"this is not a database")
     with pytest.raises(StoreError, match="cannot open database"):
         Store(str(locked / "chat.db"))
+
+
+def test_app_refuses_to_start_on_an_unwritable_database(tmp_path, capsys):
+    import app
+
+    assert app.main(["--db", str(tmp_path / "no" / "such" / "dir" / "chat.db")]) == 2
+    assert "cannot open database" in capsys.readouterr().err

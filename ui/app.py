@@ -82,7 +82,7 @@ def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Bl
             with gr.Column(scale=2):
                 panel = gr.HTML(page_map_html(None), elem_id="panel")
                 memory = gr.HTML()
-                plot_requests = gr.LinePlot(x="seconds", y="value", color="series", title="Requests", height=200)
+                plot_requests = gr.LinePlot(x="seconds", y="value", color="series", title="Requests and preemptions", height=200)
                 plot_batch = gr.LinePlot(x="seconds", y="value", color="series", title="Tokens per step", height=200)
                 plot_speed = gr.LinePlot(x="seconds", y="value", color="series", title="Generated tok/s",
                                          height=200)
@@ -216,9 +216,14 @@ def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Bl
 
         # ---- live panel ---------------------------------------------------------------------
         def tick():
+            remote = getattr(llm, "remote_url", None)
+            if remote:
+                note = (f"<div id='kv-map'>The engine runs in other pods behind <code>{remote}</code>: "
+                        "its KV pages and batches are on their <code>/metrics</code> and dashboards.</div>")
+                return note, "", *(series([], [n]) for n in ("running", "prefill", "tokens_per_s", "hit_rate"))
             sampler.ensure_running()
             snap, hist = sampler.latest, list(sampler.history)
-            return (page_map_html(snap), memory_html(snap), series(hist, ["running", "waiting"]),
+            return (page_map_html(snap), memory_html(snap), series(hist, ["running", "waiting", "preemptions"]),
                     series(hist, ["prefill", "decode"]), series(hist, ["tokens_per_s"]), series(hist, ["hit_rate"]))
 
         timer.tick(tick, None, [panel, memory, plot_requests, plot_batch, plot_speed, plot_hits], **LIVE)

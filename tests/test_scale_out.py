@@ -1,0 +1,58 @@
+"""Scale-out shape: a UI tier (`app.py --engine-url`) talking to an engine pod over the OpenAI API;
+request ids echoed and logged as structured lines."""
+import json
+import logging
+
+import httpx
+import pytest
+from gradio_client import Client
+
+from app import build_app, parse_args
+from engine import EngineConfig
+from engine.async_engine import AsyncLLM
+from storage import Store
+from tests.serving import LiveServer
+
+
+@pytest.fixture(scope="module")
+def engine_pod(tiny_model):
+    path, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=path, dtype="float32", num_kv_blocks=128))
+    with LiveServer(llm) as server:
+        server.model_path = path
+        yield server
+
+
+def test_ui_tier_chats_through_the_engine_pod(engine_pod, tmp_path):
+    db = str(tmp_path / "ui.db")
+    app, llm = build_app(parse_args(["--db", db, "--model", engine_pod.model_path,
+                                     "--engine-url", f"{engine_pod.url}/v1", "--auth", "carol:pw-c"]))
+    with LiveServer(llm, app) as ui:
+        assert httpx.get(f"{ui.url}/health").status_code == 200
+        client = Client(ui.url, auth=("carol", "pw-c"), verbose=False)
+        chat, box = client.predict("hello there", 0.0, 1.0, 16, api_name="/send")
+        assert box == "" and "generated" in str(chat[-1]["content"])
+        store = Store(db)
+        sid = store.sessions("login:carol")[0]["id"]
+        reply = store.messages("login:carol", sid)[-1]
+        assert reply["generated_tokens"] == len(reply["token_ids"]) == 16
+        stats = engine_pod.llm.call(lambda e: e.get_stats())
+        assert stats.generation_tokens_total >= 16 and stats.kv_blocks_used == 0
+        # the second turn's prompt starts with the first turn's exact ids: a prefix-cache hit on the pod
+        client.predict("and again", 0.0, 1.0, 16, api_name="/send")
+        assert store.messages("login:carol", sid)[-1]["cached_tokens"] >= 16
+
+
+def test_request_id_is_echoed_and_logged_without_text(engine_pod, caplog):
+    caplog.set_level(logging.INFO, logger="pagedchat.requests")
+    r = httpx.post(f"{engine_pod.url}/v1/completions", headers={"X-Request-Id": "trace-42", "X-Session-Id": "s9"},
+                   json={"prompt": "secret order details", "max_tokens": 3, "return_token_ids": True})
+    assert r.status_code == 200 and r.headers["x-request-id"] == "trace-42"
+    assert len(r.json()["choices"][0]["token_ids"]) == 3
+    records = [json.loads(rec.getMessage()) for rec in caplog.records if rec.name == "pagedchat.requests"]
+    mine = [rec for rec in records if rec["request_id"] == "trace-42"]
+    assert mine and mine[0]["session"] == "s9" and mine[0]["completion_tokens"] == 3
+    assert mine[0]["ttft_s"] is not None and mine[0]["finish_reason"] == "length"
+    assert "secret" not in json.dumps(mine[0])
+    generated = httpx.post(f"{engine_pod.url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+    assert generated.headers["x-request-id"].startswith("req-")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
-QUANTIZATIONS = (None,)
+QUANTIZATIONS = (None, "none", "int8", "int4", "int4-g64", "gguf")
 
 
 @dataclass
@@ -22,7 +22,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # None: a share of free memory after the weights
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_bytes
     scheduling_policy: str = "fcfs"
-    quantization: str | None = None
+    quantization: str | None = None  # None: "gguf" (packed 4-bit) for GGUF files in bf16, else "none"
     seed: int = 0
     num_threads: int | None = None  # None: one per core this process may use
     max_waiting: int = 1024  # bounded waiting queue: past it, add_request says "overloaded"

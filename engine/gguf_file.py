@@ -77,3 +77,51 @@ def gguf_config_and_tokenizer(path: str):
     except OSError:
         pass  # a read-only home only costs the conversion at the next start
     return config, tokenizer
+
+
+_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def gguf_int4_blocks(path: str, hf_config) -> dict[str, list]:
+    """Q4_0 / Q4_1 tensors as the int4 kernel's (q [N, K], scales [G, N], zeros [G, N]), read from
+    the raw blocks (no float round trip), keyed by our fused Linear names; None for other types."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    out: dict[str, list] = {}
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None or not name.endswith("proj.weight"):
+            continue
+        module, _, _ = name.rpartition(".")
+        parent, _, leaf = module.rpartition(".")
+        fused, index = _FUSED.get(leaf, (leaf, 0))
+        parts = out.setdefault(f"{parent}.{fused}", [None] * (3 if fused == "qkv_proj" else 2 if fused == "gate_up_proj" else 1))
+        parts[index] = _int4_from_blocks(t, name, arch, hf_config)
+    return out
+
+
+def _int4_from_blocks(t, name: str, arch: str, hf_config):
+    import gguf
+
+    kind = t.tensor_type
+    if kind not in (gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_1):
+        return None
+    rows = t.data.shape[0]
+    block = 18 if kind == gguf.GGMLQuantizationType.Q4_0 else 20
+    raw = np.ascontiguousarray(t.data).reshape(rows, -1, block)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, G]
+    if kind == gguf.GGMLQuantizationType.Q4_1:
+        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zeros = m + 8 * d  # x = d*q + m  ==  (q - 8)*d + (m + 8d)
+    else:
+        zeros = np.zeros_like(d)  # x = d*(q - 8)
+    nibbles = raw[..., block - 16:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1).astype(np.int32)
+    q, d, zeros = torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zeros)
+    if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
+        q, d, zeros = (unpermute_rows(x, heads) for x in (q, d, zeros))
+    return q, d.T.contiguous(), zeros.T.contiguous()

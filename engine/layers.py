@@ -42,6 +42,7 @@ class Linear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
+        self.quant = None  # a QuantizedWeight (engine/quant) once the model is quantized
         self.shard_offsets: dict[str | int, tuple[int, int]] = {}
         offset = 0
         for shard_id, size in (shard_sizes or {}).items():
@@ -58,6 +59,9 @@ class Linear(nn.Module):
         default_weight_loader(param.data.narrow(0, start, size), loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant is not None:
+            y = self.quant.matmul(x)
+            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
 

@@ -15,7 +15,10 @@ from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
 from engine.loader import build_model, load_config_and_tokenizer, resolve_model
+from engine.gguf_file import gguf_int4_blocks
 from engine.model_runner import ModelRunner
+from engine.quant import valid_modes, quantize_model
+from engine.quant.kernels import weight_bytes
 from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -75,7 +78,8 @@ class LLMEngine:
         self.hf_config, self.tokenizer = load_config_and_tokenizer(self.source)
         self.max_model_len = self._resolve_max_model_len()
         self.model = build_model(self.source, self.hf_config, self.dtype, self.device, self.max_model_len)
-        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.quantization = self._quantize()
+        self.weight_bytes = weight_bytes(self.model)
         num_blocks = self._num_kv_blocks()
         capacity = num_blocks * config.block_size
         if capacity < self.max_model_len:
@@ -92,9 +96,10 @@ class LLMEngine:
         self._pending: list[RequestOutput] = []  # outputs made outside step() (aborts)
         self._counter = 0
         self.stats = EngineStats(kv_blocks_total=num_blocks, block_size=config.block_size)
-        log.info("loaded %s (%s, %s, %d threads) in %.1fs: %d KV blocks of %d tokens (%.0f MiB), "
-                 "max_model_len %d", self.source.name, self.device, str(self.dtype).removeprefix("torch."),
-                 torch.get_num_threads(), self.load_seconds, num_blocks, config.block_size,
+        log.info("loaded %s (%s, %s, quantization %s, %d threads) in %.1fs: weights %.0f MiB, %d KV blocks "
+                 "of %d tokens (%.0f MiB), max_model_len %d", self.source.name, self.device,
+                 str(self.dtype).removeprefix("torch."), self.quantization, torch.get_num_threads(),
+                 self.load_seconds, self.weight_bytes / 2**20, num_blocks, config.block_size,
                  self.runner.kv_cache_bytes / 2**20, self.max_model_len)
 
     # ---- setup --------------------------------------------------------------------------
@@ -106,6 +111,18 @@ class LLMEngine:
             raise ValueError(f"max_model_len {self.config.max_model_len} exceeds the model's "
                              f"max_position_embeddings {model_max}")
         return self.config.max_model_len
+
+    def _quantize(self) -> str:
+        modes = valid_modes(self.source.kind, self.dtype)
+        mode = self.config.quantization
+        if mode is None:
+            mode = "gguf" if "gguf" in modes else "none"
+        if mode not in modes:
+            raise ValueError(f"quantization {mode!r} does not apply to this model in {self.dtype}; "
+                             f"valid: {modes}")
+        blocks = gguf_int4_blocks(self.source.path, self.hf_config) if mode == "gguf" else None
+        quantize_model(self.model, mode, self.dtype, blocks)
+        return mode
 
     def _num_kv_blocks(self) -> int:
         c = self.config

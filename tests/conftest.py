@@ -69,19 +69,21 @@ def tiny_model(tmp_path_factory, tokenizer_dir):
 
     made = {}
 
-    def make(arch: str):
-        if arch not in made:
+    def make(arch: str, std: float = 0.2):
+        """std: the 2-D weights' init; 0.2 gives peaked logits (decisive greedy tests), 0.02 (the
+        transformers default) a smooth model where small weight errors stay small."""
+        if (arch, std) not in made:
             torch.manual_seed(1234)
             tok = AutoTokenizer.from_pretrained(tokenizer_dir)
             model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok)), dtype=torch.float32)
             with torch.no_grad():  # larger weights than the default init: peaked, decisive logits
                 for p in model.parameters():
                     if p.dim() == 2:
-                        p.normal_(0, 0.2)
+                        p.normal_(0, std)
             path = tmp_path_factory.mktemp(f"tiny-{arch}")
             model.save_pretrained(path)
             tok.save_pretrained(path)
-            made[arch] = (str(path), model.eval())
-        return made[arch]
+            made[arch, std] = (str(path), model.eval())
+        return made[arch, std]
 
     return make

@@ -19,7 +19,7 @@ from engine.gguf_file import gguf_int4_blocks
 from engine.model_runner import ModelRunner
 from engine.quant import valid_modes, quantize_model
 from engine.quant.kernels import weight_bytes
-from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput, ScheduledRequest
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
@@ -77,8 +77,9 @@ class LLMEngine:
         self.source = resolve_model(config.model)
         self.hf_config, self.tokenizer = load_config_and_tokenizer(self.source)
         self.max_model_len = self._resolve_max_model_len()
-        self.model = build_model(self.source, self.hf_config, self.dtype, self.device, self.max_model_len)
-        self.quantization = self._quantize()
+        self.model, spec, blocks = build_model(self.source, self.hf_config, self.dtype, self.device,
+                                               self.max_model_len)
+        self.quantization = self._quantize(spec, blocks)
         self.weight_bytes = weight_bytes(self.model)
         num_blocks = self._num_kv_blocks()
         capacity = num_blocks * config.block_size
@@ -112,14 +113,22 @@ class LLMEngine:
                              f"max_position_embeddings {model_max}")
         return self.config.max_model_len
 
-    def _quantize(self) -> str:
+    def _quantize(self, spec, blocks: dict) -> str:
+        """The checkpoint's own 4-bit layers, GGUF blocks kept packed, or on-the-fly int8/int4."""
+        asked = self.config.quantization
+        if spec is not None:
+            if asked not in (None, spec.method):
+                raise ValueError(f"quantization {asked!r} contradicts the checkpoint, which is {spec.method}")
+            if self.dtype != torch.bfloat16:
+                log.info("%s checkpoint dequantized to %s at load (the int4 kernels take bf16)", spec.method,
+                         self.dtype)
+                return f"{spec.method} (dequantized)"
+            quantize_model(self.model, "checkpoint", self.dtype, blocks)
+            return spec.method
         modes = valid_modes(self.source.kind, self.dtype)
-        mode = self.config.quantization
-        if mode is None:
-            mode = "gguf" if "gguf" in modes else "none"
+        mode = asked if asked is not None else ("gguf" if "gguf" in modes else "none")
         if mode not in modes:
-            raise ValueError(f"quantization {mode!r} does not apply to this model in {self.dtype}; "
-                             f"valid: {modes}")
+            raise ValueError(f"quantization {mode!r} does not apply to this model in {self.dtype}; valid: {modes}")
         blocks = gguf_int4_blocks(self.source.path, self.hf_config) if mode == "gguf" else None
         quantize_model(self.model, mode, self.dtype, blocks)
         return mode
@@ -269,6 +278,21 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()
+
+    def mean_nll(self, token_ids: list[int]) -> float:
+        """Mean negative log-likelihood of a token sequence under the model (quality checks), from
+        one prefill through the paged cache; the engine must be idle."""
+        if self.has_unfinished_requests():
+            raise RuntimeError("mean_nll needs an idle engine")
+        req = Request("score", token_ids, SamplingParams())
+        if not self.kv.allocate_slots(req, len(token_ids)):
+            raise ValueError(f"{len(token_ids)} tokens do not fit the KV cache")
+        try:
+            logits = self.runner.logits_for_all(ScheduledRequest(req, len(token_ids), self.kv.block_ids("score")))
+        finally:
+            self.kv.free(req)
+        targets = torch.tensor(token_ids[1:], device=logits.device)
+        return torch.nn.functional.cross_entropy(logits[:-1].float(), targets).item()
 
     def check_integrity(self) -> None:
         self.kv.pool.check_integrity()

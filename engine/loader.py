@@ -16,6 +16,7 @@ from torch import nn
 from engine.gguf_file import gguf_config_and_tokenizer, gguf_weights
 from engine.layers import default_weight_loader
 from engine.models import model_class
+from engine.quant.formats import QuantSpec, dequantize, detect, to_int4
 
 log = logging.getLogger("pagedchat.loader")
 
@@ -95,27 +96,48 @@ def iter_weights(src: ModelSource, hf_config) -> Iterator[tuple[str, torch.Tenso
                 yield name, f.get_tensor(name)
 
 
-def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+def load_weights(model: nn.Module, weights: Iterator[tuple[str, torch.Tensor]],
+                 spec: QuantSpec | None = None) -> dict[str, list]:
+    """Stream checkpoint tensors into their (possibly fused) parameters. 4-bit layers of a quantized
+    checkpoint load as their dequantized weight through the same seam, and their packed form is
+    returned per fused module (shards in order) for the int4 kernel."""
     params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
     mapping = getattr(model, "packed_modules_mapping", {})
-    loaded = set()
-    for name, tensor in weights:
-        if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
-            continue
+    loaded, pending, blocks = set(), {}, {}
+
+    def place(name: str, tensor: torch.Tensor) -> tuple[str, int]:
         for ckpt_key, (fused, shard_id) in mapping.items():
             if f".{ckpt_key}." in name:
                 target = name.replace(f".{ckpt_key}.", f".{fused}.")
                 param = _param(params, target, name)
                 param.weight_loader(param, tensor.to(param.dtype), shard_id)
-                break
-        else:
-            target = name
-            param = _param(params, target, name)
-            getattr(param, "weight_loader", default_weight_loader)(param, tensor.to(param.dtype))
-        loaded.add(target)
+                loaded.add(target)
+                module = modules[target.rsplit(".", 1)[0]]
+                return target, list(module.shard_offsets).index(shard_id)
+        param = _param(params, name, name)
+        getattr(param, "weight_loader", default_weight_loader)(param, tensor.to(param.dtype))
+        loaded.add(name)
+        return name, 0
+
+    for name, tensor in weights:
+        if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
+            continue
+        prefix, _, part = name.rpartition(".")
+        if spec is not None and part in spec.parts:
+            pending.setdefault(prefix, {})[part] = tensor
+            continue
+        place(name, tensor)
+    for prefix, parts in pending.items():
+        packed = to_int4(spec, parts)
+        target, index = place(f"{prefix}.weight", dequantize(*packed))
+        module = modules[target.rsplit(".", 1)[0]]
+        shards = blocks.setdefault(target.rsplit(".", 1)[0], [None] * max(1, len(module.shard_offsets)))
+        shards[index] = packed
     missing = set(params) - loaded
     if missing:
         raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
+    return blocks
 
 
 def _param(params: dict, target: str, name: str) -> nn.Parameter:
@@ -125,10 +147,12 @@ def _param(params: dict, target: str, name: str) -> nn.Parameter:
 
 
 def build_model(src: ModelSource, hf_config, dtype: torch.dtype, device: torch.device,
-                max_positions: int) -> nn.Module:
+                max_positions: int) -> tuple[nn.Module, QuantSpec | None, dict[str, list]]:
+    """The model with its weights, the checkpoint's quantization (if any) and its packed layers."""
+    spec = detect(src.path, hf_config) if src.kind == "folder" else None
     cls = model_class(hf_config)
     with torch.device(device):
         model = cls(hf_config, max_positions).to(dtype)
-    load_weights(model, iter_weights(src, hf_config))
+    blocks = load_weights(model, iter_weights(src, hf_config), spec)
     model.eval()
-    return model
+    return model, spec, blocks

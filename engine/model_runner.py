@@ -58,6 +58,14 @@ class ModelRunner:
             return None, []
         return self.model.compute_logits(hidden[logits_rows]), samplers
 
+    @torch.inference_mode()
+    def logits_for_all(self, item: ScheduledRequest) -> torch.Tensor:
+        """Logits at every position of one scheduled chunk (scoring, not generation)."""
+        input_ids, positions, meta, _, _ = self._prepare([item])
+        with use_metadata(meta):
+            hidden = self.model(input_ids, positions)
+        return self.model.compute_logits(hidden)
+
     def _prepare(self, items: list[ScheduledRequest]):
         bs = self.block_size
         ids: list[int] = []

@@ -96,6 +96,22 @@ class Int8Weight(QuantizedWeight):
         return self.q.numel() + self.scales.numel() * 2
 
 
+class ConcatWeight(QuantizedWeight):
+    """A fused Linear whose shards cannot share one packed matrix (different act-order)."""
+
+    def __init__(self, parts: list[QuantizedWeight]) -> None:
+        self.parts = parts
+        self.dense = None
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.matmul(x) for p in self.parts], dim=-1)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes + (p.dense.numel() * p.dense.element_size() if p.dense is not None else 0)
+                   for p in self.parts)
+
+
 def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Round-to-nearest asymmetric 4-bit per group of inputs -> (q [N, K], scales [G, N], zeros [G, N])
     in the kernel's convention w ~ (q - 8) * scale + zero."""

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from engine.layers import Linear
-from engine.quant.kernels import Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from engine.quant.kernels import ConcatWeight, Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
 log = logging.getLogger("pagedchat.quant")
 
@@ -31,14 +31,16 @@ def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, gguf_blocks:
     for name, module in model.named_modules():
         if not isinstance(module, Linear) or name == "lm_head":
             continue
-        if mode == "gguf":
-            module.quant = _from_gguf(name, module, gguf_blocks or {}, dtype)
+        if mode in ("gguf", "checkpoint"):
+            module.quant = _from_blocks(name, gguf_blocks or {}, dtype)
         else:
             module.quant = _on_the_fly(module.weight.data, mode, dtype)
         if module.quant is not None:
             module.weight = None  # the quantized weight keeps what it needs (a dense copy on CPU)
         kind = name.rsplit(".", 1)[-1]
         chosen[kind] = type(module.quant).__name__ if module.quant is not None else "bf16 dense"
+    if mode == "checkpoint":  # the checkpoint decides: its LM head stays as it was stored
+        return chosen
     head = model.lm_head.weight.data if model.lm_head is not None else model.model.embed_tokens.weight.data
     # The LM head is the largest matmul of a small model's decode step: quantize it even when the
     # embedding it is tied to stays a plain lookup table.
@@ -62,12 +64,15 @@ def _on_the_fly(w: torch.Tensor, mode: str, dtype: torch.dtype):
     return Int4Weight(q, scales, zeros, group, dtype)
 
 
-def _from_gguf(name: str, module: Linear, blocks: dict, dtype: torch.dtype):
-    """A fused Linear (qkv, gate/up) is packed only if every part it fuses is 4-bit in the file."""
+def _from_blocks(name: str, blocks: dict, dtype: torch.dtype):
+    """Packed 4-bit shards of one Linear (a fused one has several): one Int4Weight when they share
+    the input order and group size, else one each, their outputs concatenated."""
     parts = blocks.get(name)
     if not parts or any(p is None for p in parts):
         return None
-    q = torch.cat([p[0] for p in parts])
-    scales = torch.cat([p[1] for p in parts], dim=1)
-    zeros = torch.cat([p[2] for p in parts], dim=1)
-    return Int4Weight(q, scales, zeros, 32, dtype)
+    parts = [p if len(p) == 5 else (*p, None, 32) for p in parts]  # GGUF shards: no perm, groups of 32
+    perms, groups = {None if p[3] is None else tuple(p[3].tolist()) for p in parts}, {p[4] for p in parts}
+    if len(perms) == 1 and len(groups) == 1:
+        q, s, z = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts], 1), torch.cat([p[2] for p in parts], 1)
+        return Int4Weight(q, s, z, parts[0][4], dtype, perm=parts[0][3])
+    return ConcatWeight([Int4Weight(p[0], p[1], p[2], p[4], dtype, perm=p[3]) for p in parts])

@@ -29,14 +29,22 @@ class EngineMetrics:
         labels = ["model_name"]
         self.model_name = model_name
 
+        plain = []  # series labelled by model only: created now, so they exist from the first scrape
+
+        def make(cls, name, doc, extra=(), **kw):
+            metric = cls(name, doc, labels + list(extra), registry=r, **kw)
+            if not extra:
+                plain.append(metric)
+            return metric
+
         def gauge(name, doc, extra=()):
-            return Gauge(name, doc, labels + list(extra), registry=r)
+            return make(Gauge, name, doc, extra)
 
         def counter(name, doc, extra=()):
-            return Counter(name, doc, labels + list(extra), registry=r)
+            return make(Counter, name, doc, extra)
 
         def histogram(name, doc, buckets):
-            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+            return make(Histogram, name, doc, buckets=buckets)
 
         self.running = gauge("vllm:num_requests_running", "Requests in the running batch")
         self.waiting = gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled")
@@ -65,11 +73,7 @@ class EngineMetrics:
             self.success.labels(model_name, reason)
         for state in ("used", "cached", "free"):
             self.kv_blocks.labels(model_name, state)
-        for metric in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
-                       self.preemptions, self.prompt_tokens, self.generation_tokens, self.iteration_tokens,
-                       self.ttft, self.itl, self.e2e, self.queue_time, self.kv_blocks_total, self.batch_size,
-                       self.load_seconds, self.rss, self.weight_bytes, self.kv_cache_bytes, self.healthy,
-                       self.load_failures):
+        for metric in plain:
             metric.labels(model_name)
         self._last = EngineStats()
         self._last_token_time: dict[str, float] = {}

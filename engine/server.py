@@ -298,41 +298,47 @@ def sse(events: AsyncIterator[dict]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
+def events(stream, make_chunk, obj: str, rid: str, model: str, created: int, prompt_len: int,
+           include_usage: bool, with_ids: bool, on_finish):
+    """SSE payloads of one request: deltas, the finishing chunk, then usage if asked for.
+    make_chunk(text, token_ids or None, finish_reason) builds the endpoint's chunk shape."""
+    async def gen():
+        async for out in stream:
+            if out.delta_text or (with_ids and out.delta_token_ids):
+                yield make_chunk(out.delta_text, out.delta_token_ids if with_ids else None, None)
+            if not out.finished:
+                continue
+            on_finish(out)
+            final = out.outputs[0]
+            if final.finish_reason == "error":
+                yield error_body(out.error or "the request failed inside the engine", "internal_error")
+                return
+            yield make_chunk("", None, final.finish_reason)
+            if include_usage:
+                yield {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                       "usage": usage(prompt_len, len(final.token_ids), out.num_cached_tokens)}
+    return gen()
+
+
 async def chat_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish):
+    def make_chunk(text, token_ids, reason):
+        chunk = chat_chunk(rid, model, created, {} if reason else {"content": text}, reason)
+        if token_ids is not None:
+            chunk["choices"][0]["token_ids"] = token_ids
+        return chunk
+
     yield chat_chunk(rid, model, created, {"role": "assistant", "content": ""})
-    async for out in stream:
-        if out.delta_text or (with_ids and out.delta_token_ids):
-            chunk = chat_chunk(rid, model, created, {"content": out.delta_text})
-            if with_ids:
-                chunk["choices"][0]["token_ids"] = out.delta_token_ids
-            yield chunk
-        if out.finished:
-            on_finish(out)
-            final = out.outputs[0]
-            if final.finish_reason == "error":
-                yield error_body(out.error or "the request failed inside the engine", "internal_error")
-                return
-            yield chat_chunk(rid, model, created, {}, final.finish_reason)
-            if include_usage:
-                yield {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [], "usage": usage(prompt_len, len(final.token_ids), out.num_cached_tokens)}
+    async for event in events(stream, make_chunk, "chat.completion.chunk", rid, model, created, prompt_len,
+                              include_usage, with_ids, on_finish):
+        yield event
 
 
-async def completion_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish):
-    async for out in stream:
-        if out.delta_text or (with_ids and out.delta_token_ids):
-            yield completion_chunk(rid, model, created, out.delta_text,
-                                   token_ids=out.delta_token_ids if with_ids else None)
-        if out.finished:
-            on_finish(out)
-            final = out.outputs[0]
-            if final.finish_reason == "error":
-                yield error_body(out.error or "the request failed inside the engine", "internal_error")
-                return
-            yield completion_chunk(rid, model, created, "", finish_reason=final.finish_reason)
-            if include_usage:
-                yield {"id": rid, "object": "text_completion", "created": created, "model": model,
-                       "choices": [], "usage": usage(prompt_len, len(final.token_ids), out.num_cached_tokens)}
+def completion_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish):
+    def make_chunk(text, token_ids, reason):
+        return completion_chunk(rid, model, created, text, finish_reason=reason, token_ids=token_ids)
+
+    return events(stream, make_chunk, "text_completion", rid, model, created, prompt_len, include_usage,
+                  with_ids, on_finish)
 
 
 def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,

@@ -9,6 +9,7 @@ import gradio as gr
 
 from bench.workload import SYSTEM_PROMPT, user_turns
 from engine import SamplingParams
+from engine.llm_engine import pick_device, pick_dtype
 from ui.chat import ChatService, display
 from ui.conversation import CUSTOMER_SERVICE_PRESET
 from ui.panel import PanelSampler, memory_html, page_map_html, series
@@ -17,9 +18,25 @@ NO_QUANT = "none"
 LIVE = dict(concurrency_limit=None, show_progress="hidden")
 
 
-def quantization_choices(model: str) -> list[str]:
-    """Modes valid for a model. Only full-precision loading exists so far (issue 4 adds more)."""
-    return [NO_QUANT]
+def quantization_choices(model: str | None, dtype) -> list[str]:
+    """Modes valid for a model: its checkpoint's own 4-bit format, or what on-the-fly quantization
+    and GGUF packing allow in this dtype."""
+    import json
+    import os
+
+    from engine.loader import resolve_model
+    from engine.quant import valid_modes
+
+    try:
+        src = resolve_model(model)
+    except ValueError:
+        return [NO_QUANT]
+    if src.kind == "folder":
+        with open(os.path.join(src.path, "config.json")) as f:
+            method = (json.load(f).get("quantization_config") or {}).get("quant_method")
+        if method:
+            return [method]
+    return valid_modes(src.kind, dtype)
 
 
 def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Blocks:
@@ -27,6 +44,9 @@ def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Bl
     service = ChatService(llm, store)
     sampler = PanelSampler(llm)
     current_model = next(iter(models))
+    dtype = pick_dtype(llm.config.dtype, pick_device(llm.config.device))
+    current_quant = (llm.config.quantization or
+                     ("gguf" if "gguf" in quantization_choices(models[current_model], dtype) else NO_QUANT))
 
     def who(known, request: gr.Request) -> str:
         """Logged-in name if there is a login, else the browser's id (or, for API clients that never
@@ -90,7 +110,7 @@ def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Bl
                                         height=200)
                 with gr.Accordion("Model", open=False):
                     model_dd = gr.Dropdown(list(models), value=current_model, label="Model", elem_id="model")
-                    quant_dd = gr.Dropdown(quantization_choices(current_model), value=NO_QUANT,
+                    quant_dd = gr.Dropdown(quantization_choices(models[current_model], dtype), value=current_quant,
                                            label="Quantization", elem_id="quantization")
                     switch_btn = gr.Button("Load model", elem_id="switch")
                     switch_status = gr.Markdown(elem_id="switch-status")
@@ -229,11 +249,16 @@ def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Bl
         timer.tick(tick, None, [panel, memory, plot_requests, plot_batch, plot_speed, plot_hits], **LIVE)
 
         # ---- model switching ----------------------------------------------------------------
-        model_dd.change(lambda m: gr.update(choices=quantization_choices(m), value=NO_QUANT), [model_dd], [quant_dd])
+        def quant_options(label):
+            choices = quantization_choices(models[label], dtype)
+            return gr.update(choices=choices, value=choices[-1] if len(choices) == 1 or "gguf" in choices else NO_QUANT)
+
+        model_dd.change(quant_options, [model_dd], [quant_dd])
 
         async def switch(label, quant):
             yield f"Loading **{label}** ({quant})… in-flight requests will be aborted."
-            config = dataclasses.replace(llm.config, model=models[label])
+            config = dataclasses.replace(llm.config, model=models[label],
+                                         quantization=None if quant in ("gptq", "awq", "compressed-tensors") else quant)
             try:
                 result = await asyncio.to_thread(llm.switch_model, config)
             except ValueError as e:

@@ -6,7 +6,8 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from engine.config import EngineConfig  # noqa: E402
-from engine.llm_engine import LLM, EngineOverloadedError, LLMEngine  # noqa: E402
+from engine.llm import LLM  # noqa: E402
+from engine.llm_engine import EngineOverloadedError, LLMEngine  # noqa: E402
 from engine.outputs import CompletionOutput, EngineStats, RequestOutput  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 

@@ -105,3 +105,16 @@ def test_switching_to_a_model_that_fails_keeps_the_old_one_serving(ui):
     assert "could not load" in status and "Still serving **SmolLM2-135M-Instruct**" in status
     chat, _ = alice.predict("Still there?", 0.0, 1.0, 16, api_name="/send")
     assert "generated" in str(chat[-1]["content"])
+
+
+def test_operator_quantizes_with_our_gptq_and_switches(ui, tmp_path, monkeypatch):
+    monkeypatch.setenv("PAGEDCHAT_CACHE", str(tmp_path))
+    alice = client(ui, "alice")
+    label = "SmolLM2-135M-Instruct (embedded)"
+    choices = alice.predict(label, api_name="/quant_options")["choices"]
+    assert ["gptq (quantize now)", "gptq (quantize now)"] in choices
+    status = alice.predict(label, "gptq (quantize now)", api_name="/switch")
+    assert status.startswith("✅") and "loaded" in status
+    assert ui.llm.engine.quantization.startswith("gptq")  # "(dequantized)" in this fp32 fixture
+    chat, _ = alice.predict("Hello again", 0.0, 1.0, 16, api_name="/send")
+    assert "generated" in str(chat[-1]["content"])

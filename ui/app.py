@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import os
 import uuid
 
 import gradio as gr
@@ -10,19 +12,20 @@ import gradio as gr
 from bench.workload import SYSTEM_PROMPT, user_turns
 from engine import SamplingParams
 from engine.llm_engine import pick_device, pick_dtype
+from engine.quant.gptq import quantize_checkpoint
 from ui.chat import ChatService, display
 from ui.conversation import CUSTOMER_SERVICE_PRESET
 from ui.panel import PanelSampler, memory_html, page_map_html, series
 
 NO_QUANT = "none"
+MAKE_GPTQ = "gptq (quantize now)"
 LIVE = dict(concurrency_limit=None, show_progress="hidden")
 
 
 def quantization_choices(model: str | None, dtype) -> list[str]:
-    """Modes valid for a model: its checkpoint's own 4-bit format, or what on-the-fly quantization
-    and GGUF packing allow in this dtype."""
+    """Modes valid for a model: its checkpoint's own 4-bit format, or what on-the-fly quantization,
+    GGUF packing and our GPTQ producer allow in this dtype."""
     import json
-    import os
 
     from engine.loader import resolve_model
     from engine.quant import valid_modes
@@ -36,7 +39,13 @@ def quantization_choices(model: str | None, dtype) -> list[str]:
             method = (json.load(f).get("quantization_config") or {}).get("quant_method")
         if method:
             return [method]
-    return valid_modes(src.kind, dtype)
+    return valid_modes(src.kind, dtype) + [MAKE_GPTQ]
+
+
+def gptq_folder(model: str | None) -> str:
+    """Where our GPTQ producer writes a model's 4-bit checkpoint (reused on the next switch)."""
+    key = hashlib.sha256(str(model).encode()).hexdigest()[:12]
+    return os.path.join(os.environ.get("PAGEDCHAT_CACHE", os.path.expanduser("~/.cache/pagedchat")), "gptq", key)
 
 
 def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Blocks:
@@ -256,8 +265,19 @@ def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Bl
         model_dd.change(quant_options, [model_dd], [quant_dd])
 
         async def switch(label, quant):
+            model = models[label]
+            if quant == MAKE_GPTQ:
+                folder = gptq_folder(model)
+                if not os.path.isfile(os.path.join(folder, "config.json")):
+                    yield f"Quantizing **{label}** with our GPTQ (group 64; about a minute for SmolLM2)…"
+                    try:
+                        await asyncio.to_thread(quantize_checkpoint, model, folder, 64)
+                    except Exception as e:  # noqa: BLE001 - shown to the operator, old model keeps serving
+                        yield f"❌ GPTQ failed: {e}. Still serving **{llm.model_name}**."
+                        return
+                model, quant = folder, "gptq"
             yield f"Loading **{label}** ({quant})… in-flight requests will be aborted."
-            config = dataclasses.replace(llm.config, model=models[label],
+            config = dataclasses.replace(llm.config, model=model,
                                          quantization=None if quant in ("gptq", "awq", "compressed-tensors") else quant)
             try:
                 result = await asyncio.to_thread(llm.switch_model, config)

@@ -51,7 +51,7 @@ def test_stop_aborts_and_keeps_the_partial_reply(ui):
     job.cancel()
     wait_for(lambda: ui.llm.call(lambda e: e.get_stats().num_running) == 0, 60, "the request to be aborted")
     wait_for(lambda: any(m["role"] == "assistant" for m in ui.store.messages(
-        "login:bob", sessions_of(ui.store, "bob")[0]["id"])), 30, "the partial reply to be stored")
+        "login:bob", sessions_of(ui.store, "bob")[0]["id"])), 60, "the partial reply to be stored")
     reply = ui.store.messages("login:bob", sessions_of(ui.store, "bob")[0]["id"])[-1]
     assert reply["finish_reason"] == "abort" and 0 < reply["generated_tokens"] < 1000
     assert ui.llm.call(lambda e: e.get_stats().kv_blocks_used) == 0

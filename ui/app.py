@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -196,8 +197,9 @@ def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Bl
                 return
             try:
                 params = SamplingParams(temperature=temp, top_p=p, max_tokens=int(max_new))
-                async for shown, _ in service.turn(uid, sid, text, params, request.session_hash):
-                    yield shown, ""
+                async with contextlib.aclosing(service.turn(uid, sid, text, params, request.session_hash)) as turn:
+                    async for shown, _ in turn:
+                        yield shown, ""
             except ValueError as e:
                 gr.Warning(str(e))
                 yield display(store.messages(uid, sid)), raw  # the message stays in the box, as typed
@@ -209,8 +211,10 @@ def build_ui(llm, store, *, models: dict[str, str | None], secret: str) -> gr.Bl
                 store.delete_messages_from(uid, sid, history[-1]["id"])
             try:
                 params = SamplingParams(temperature=temp, top_p=p, max_tokens=int(max_new))
-                async for shown, _ in service.turn(uid, sid, "", params, request.session_hash, regenerate=True):
-                    yield shown
+                turn = service.turn(uid, sid, "", params, request.session_hash, regenerate=True)
+                async with contextlib.aclosing(turn):
+                    async for shown, _ in turn:
+                        yield shown
             except ValueError as e:
                 gr.Warning(str(e))
                 yield display(store.messages(uid, sid))

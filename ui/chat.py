@@ -75,7 +75,7 @@ class ChatService:
         try:
             async for last in self.llm.generate(prompt_ids, params, request_id=request_id):
                 yield display(shown) + [{"role": "assistant", "content": last.outputs[0].text}], False
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, GeneratorExit):  # Stop, a closed tab, or the event closed
             self._store_reply(user, session_id, last, prompt_ids, start, model, stopped=True)
             raise
         finally:

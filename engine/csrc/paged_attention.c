@@ -28,13 +28,14 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
     return (uint16_t)(u >> 16);
 }
 
-static inline void load_row(const void *base, int64_t index, int dtype, int D, float *dst) {
+/* n values starting at element `offset` of a float32 or bfloat16 array, as float32. */
+static inline void load_span(const void *base, int64_t offset, int n, int dtype, float *dst) {
     if (dtype == 0) {
-        memcpy(dst, (const float *)base + index * D, sizeof(float) * D);
+        memcpy(dst, (const float *)base + offset, sizeof(float) * n);
     } else {
-        const uint16_t *src = (const uint16_t *)base + index * D;
+        const uint16_t *src = (const uint16_t *)base + offset;
 #pragma omp simd
-        for (int d = 0; d < D; d++) dst[d] = bf16_to_f32(src[d]);
+        for (int i = 0; i < n; i++) dst[i] = bf16_to_f32(src[i]);
     }
 }
 
@@ -47,17 +48,12 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W));
     if (!scores) return 1;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
-    for (int r = 0; r < R; r++) load_row(q, (int64_t)b * H + h0 * G + r, dtype, D, qf + r * D);
+    for (int r = 0; r < R; r++) load_span(q, ((int64_t)b * H + h0 * G + r) * D, D, dtype, qf + r * D);
     int64_t slot = 0;
     /* Tokens are walked block by block: no division per token (it cost more than the math). */
     for (int64_t t = 0, next = 0; t < L; t++) { /* pass 1: scores, reading K */
         if (t == next) { slot = table[t / block_size] * block_size; next += block_size; } else slot++;
-        if (dtype == 0) memcpy(row, (const float *)k_cache + (slot * Hkv + h0) * D, sizeof(float) * W);
-        else {
-            const uint16_t *src = (const uint16_t *)k_cache + (slot * Hkv + h0) * D;
-#pragma omp simd
-            for (int i = 0; i < W; i++) row[i] = bf16_to_f32(src[i]);
-        }
+        load_span(k_cache, (slot * Hkv + h0) * D, W, dtype, row);
         for (int r = 0; r < R; r++) {
             const float *qr = qf + r * D, *kr = row + (r / G) * D;
             float s = 0.f;
@@ -76,12 +72,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     memset(acc, 0, sizeof(float) * R * D);
     for (int64_t t = 0, next = 0; t < L; t++) { /* pass 2: weighted values, reading V */
         if (t == next) { slot = table[t / block_size] * block_size; next += block_size; } else slot++;
-        if (dtype == 0) memcpy(row, (const float *)v_cache + (slot * Hkv + h0) * D, sizeof(float) * W);
-        else {
-            const uint16_t *src = (const uint16_t *)v_cache + (slot * Hkv + h0) * D;
-#pragma omp simd
-            for (int i = 0; i < W; i++) row[i] = bf16_to_f32(src[i]);
-        }
+        load_span(v_cache, (slot * Hkv + h0) * D, W, dtype, row);
         for (int r = 0; r < R; r++) {
             const float p = scores[(size_t)r * L + t], *vr = row + (r / G) * D;
             float *ar = acc + r * D;

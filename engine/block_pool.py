@@ -42,6 +42,7 @@ class BlockPool:
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self.cached: dict[int, KVBlock] = {}
         self.num_evictions = 0
+        self._cached_free = 0  # free blocks that still hold a hash, kept as blocks change state
 
     # ---- counts -------------------------------------------------------------------------
     @property
@@ -55,7 +56,7 @@ class BlockPool:
 
     @property
     def num_cached_free(self) -> int:
-        return sum(1 for i in self.free_queue if self.blocks[i].block_hash is not None)
+        return self._cached_free
 
     def usage(self) -> float:
         return self.num_used / self.num_blocks
@@ -80,6 +81,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 del self.free_queue[block.block_id]
+                self._cached_free -= block.block_hash is not None
             block.ref_cnt += 1
 
     def free(self, blocks: Iterable[KVBlock]) -> None:
@@ -91,6 +93,7 @@ class BlockPool:
                 raise RuntimeError(f"double free of block {block.block_id}")
             if block.ref_cnt == 0:
                 self.free_queue[block.block_id] = None
+                self._cached_free += block.block_hash is not None
 
     # ---- prefix cache -------------------------------------------------------------------
     def lookup(self, block_hash: int, token_ids: Sequence[int]) -> KVBlock | None:
@@ -108,6 +111,8 @@ class BlockPool:
         self.cached[block_hash] = block
 
     def _evict(self, block: KVBlock) -> None:
+        if block.ref_cnt == 0:
+            self._cached_free -= 1
         if self.cached.get(block.block_hash) is block:
             del self.cached[block.block_hash]
         block.block_hash = None
@@ -132,3 +137,6 @@ class BlockPool:
         for block_hash, block in self.cached.items():
             if block.block_hash != block_hash:
                 raise AssertionError(f"cache map entry {block_hash} points at {block}")
+        counted = sum(1 for i in self.free_queue if self.blocks[i].block_hash is not None)
+        if counted != self._cached_free:
+            raise AssertionError(f"{counted} cached free blocks, counter says {self._cached_free}")

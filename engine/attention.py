@@ -33,7 +33,7 @@ class AttentionMetadata:
     num_decode: int  # the first num_decode rows are one-token sequences
     decode_block_tables: torch.Tensor | None = None  # [B, max_blocks], padded with block 0
     decode_seq_lens: torch.Tensor | None = None  # [B] tokens each decode attends to
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * block_size] True = attend
+    decode_mask: torch.Tensor | None = None  # torch path only, made by the first layer that needs it
     prefills: list[PrefillSeq] = field(default_factory=list)
 
 
@@ -81,6 +81,9 @@ class PagedAttention(nn.Module):
                                                       meta.decode_seq_lens, self.scale)
         B, nb = meta.decode_block_tables.shape
         bs = self.k_cache.shape[1]
+        if meta.decode_mask is None:  # the C kernel stops at each length itself and needs no mask
+            valid = torch.arange(nb * bs, device=q.device) < meta.decode_seq_lens.unsqueeze(1)
+            meta.decode_mask = valid[:, None, None, :]
         keys = self.k_cache[meta.decode_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
         values = self.v_cache[meta.decode_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
         o = F.scaled_dot_product_attention(

@@ -101,8 +101,6 @@ class ModelRunner:
             width = max(len(t) for t in decode_tables)
             table = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev)
             lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
-            mask = torch.arange(width * bs, device=dev).unsqueeze(0) < lens.unsqueeze(1)
             meta.decode_block_tables, meta.decode_seq_lens = table, lens
-            meta.decode_mask = mask[:, None, None, :]
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)

@@ -39,8 +39,7 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, monkeypatc
     width = max(map(len, tables))
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     seq_lens = torch.tensor(lens)
-    mask = (torch.arange(width * block_size)[None] < seq_lens[:, None])[:, None, None, :]
-    meta = AttentionMetadata(torch.empty(0, dtype=torch.long), len(lens), table, seq_lens, mask)
+    meta = AttentionMetadata(torch.empty(0, dtype=torch.long), len(lens), table, seq_lens)
     q = torch.randn(len(lens), H, D, generator=gen).to(dtype)
     out = attn._decode(q, meta)
     for i, n in enumerate(lens):

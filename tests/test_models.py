@@ -20,21 +20,11 @@ def paged_logits(llm: LLM, token_ids: list[int], chunks: list[int]) -> torch.Ten
     try:
         for n in chunks:
             assert kv.allocate_slots(req, n)
-            rows.append(_forward_all_rows(runner, ScheduledRequest(req, n, kv.block_ids(req.request_id))))
+            rows.append(runner.logits_for_all(ScheduledRequest(req, n, kv.block_ids(req.request_id))))
             req.num_computed_tokens += n
     finally:
         kv.free(req)
     return torch.cat(rows)
-
-
-def _forward_all_rows(runner, scheduled):
-    from engine.attention import use_metadata
-
-    with torch.inference_mode():
-        ids, pos, meta, _, _ = runner._prepare([scheduled])
-        with use_metadata(meta):
-            hidden = runner.model(ids, pos)
-        return runner.model.compute_logits(hidden)
 
 
 def reference_logits(hf_model, token_ids: list[int]) -> torch.Tensor:

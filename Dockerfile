@@ -31,7 +31,7 @@ COPY app.py ./
 COPY engine ./engine
 COPY ui ./ui
 COPY storage ./storage
-COPY bench ./bench
+COPY server ./server
 
 RUN useradd --create-home --uid 10001 pagedchat \
     && mkdir -p /data /models \

@@ -1,5 +1,6 @@
 """pagedchat: the browser chat (Gradio, at /) and the OpenAI-compatible API (at /v1), one process,
-one port, the inference engine inside.
+one port. The composition root: flags -> EngineConfig -> an EngineClient (the engine in this
+process, or remote engine pods with --engine-url) -> the API routes and the UI -> uvicorn.
 
     python app.py                              # http://127.0.0.1:7860
     python app.py --db chats.db --auth alice:secret --model path/to/model.gguf
@@ -12,8 +13,11 @@ import os
 import sys
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
-from engine.config import add_engine_args, config_from_args
-from engine.logs import add_logging_args, setup_logging
+from engine.checkpoint.source import DEFAULT_MODEL_NAME
+from engine.client import EngineClient
+from engine.config import EngineConfig, add_engine_args, config_from_args
+from server.cli import add_server_args, serve
+from server.logs import setup_logging
 from storage import Store, StoreError
 
 log = logging.getLogger("pagedchat.app")
@@ -22,8 +26,7 @@ log = logging.getLogger("pagedchat.app")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="pagedchat: browser chat + OpenAI API with an in-process engine")
     add_engine_args(p)
-    p.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 only inside a container)")
-    p.add_argument("--port", type=int, default=7860)
+    add_server_args(p, port=7860)
     p.add_argument("--db", default="pagedchat.db", help="SQLite file for users, chats and messages")
     p.add_argument("--auth", action="append", default=[], metavar="USER:PASSWORD",
                    help="require a login (repeatable); without it each browser is its own user")
@@ -31,69 +34,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="signs the per-browser user id (default: one made once and kept in the database)")
     p.add_argument("--models", action="append", default=[], metavar="PATH",
                    help="extra models (folders or .gguf files) offered in the UI's model switcher")
-    p.add_argument("--api-key", default=None, help="require this Bearer token on /v1")
-    p.add_argument("--served-model-name", default=None)
     p.add_argument("--engine-url", default=None, metavar="URL",
                    help="UI tier only: use the OpenAI API of engine pods at URL (e.g. http://engine:8000/v1) "
-                        "instead of an engine in this process")
-    add_logging_args(p)
+                        "instead of an engine in this process (--model names the same model, for its tokenizer)")
     return p.parse_args(argv)
+
+
+def make_client(config: EngineConfig, engine_url: str | None, api_key: str | None) -> EngineClient:
+    """The engine in this process (loading in the background), or the remote engine pods."""
+    if engine_url:
+        from server.remote import RemoteLLM
+
+        return RemoteLLM(engine_url, config.model, api_key=api_key)
+    from engine.async_llm import AsyncLLM
+
+    return AsyncLLM(config)
+
+
+def parse_auth(items: list[str]) -> list[tuple[str, str]]:
+    users = []
+    for item in items:
+        name, sep, password = item.partition(":")
+        if not sep or not name or not password:
+            raise ValueError(f"--auth takes USER:PASSWORD, got {item!r}")
+        users.append((name, password))
+    return users
+
+
+def model_choices(config: EngineConfig, extra: list[str]) -> dict[str, str | None]:
+    """The model switcher's entries, label -> model argument; the first is the one loaded."""
+    first = f"{DEFAULT_MODEL_NAME} (embedded)" if config.model is None else os.path.basename(config.model)
+    models = {first: config.model}
+    for path in extra:
+        models.setdefault(os.path.basename(os.path.normpath(path)), path)
+    return models
 
 
 def build_app(args: argparse.Namespace):
     """FastAPI with the API routes first, then the Gradio UI mounted at / (routes added first win)."""
     import gradio as gr
 
-    from engine.async_engine import AsyncLLM
-    from engine.server import create_app
-    from ui.app import build_ui
+    from server.routes import create_app
+    from ui.layout import build_ui
 
     store = Store(args.db)
-    users = []
-    for item in args.auth:
-        name, sep, password = item.partition(":")
-        if not sep or not name or not password:
-            raise ValueError(f"--auth takes USER:PASSWORD, got {item!r}")
-        users.append((name, password))
+    users = parse_auth(args.auth)
     config = config_from_args(args)
-    if args.engine_url:
-        from fastapi import FastAPI
-        from fastapi.responses import JSONResponse
-
-        from engine.remote_engine import RemoteLLM
-
-        llm = RemoteLLM(args.engine_url, config, api_key=args.api_key)
-        api = FastAPI(docs_url=None, redoc_url=None)
-        api.get("/health")(lambda: JSONResponse({"status": llm.state}, status_code=200 if llm.ready else 503))
-    else:
-        llm = AsyncLLM(config)
-        api = create_app(llm, api_key=args.api_key, served_model_name=args.served_model_name,
-                         log_text=args.log_message_text)
-    models = {"SmolLM2-135M-Instruct (embedded)" if config.model is None else os.path.basename(config.model):
-              config.model}
-    for path in args.models:
-        models.setdefault(os.path.basename(os.path.normpath(path)), path)
-    demo = build_ui(llm, store, models=models, secret=args.secret or store.secret())
+    client = make_client(config, args.engine_url, args.api_key)
+    api = create_app(client, api_key=args.api_key, served_model_name=args.served_model_name,
+                     log_text=args.log_message_text)
+    demo = build_ui(client, store, models=model_choices(config, args.models), quantization=config.quantization,
+                    secret=args.secret or store.secret())
     app = gr.mount_gradio_app(api, demo, path="/", auth=users or None, footer_links=[], run_history=False)
-    return app, llm
+    return app, client
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
     args = parse_args(argv)
     setup_logging(args.log_format)
     try:
-        app, llm = build_app(args)
+        app, client = build_app(args)
     except (StoreError, ValueError) as e:
         print(f"pagedchat: {e}", file=sys.stderr)
         return 2
     log.info("serving the chat at http://%s:%d/ and the API at /v1 (the model loads in the background)",
              args.host, args.port)
-    try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=30)
-    finally:
-        llm.shutdown()
+    serve(app, args.host, args.port, client.shutdown)
     return 0
 
 

@@ -20,7 +20,8 @@ import time
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
 
-from bench.workload import SYSTEM_PROMPT, user_turns
+from ui.simulate import CUSTOMER_SERVICE_PROMPT as SYSTEM_PROMPT
+from ui.simulate import user_turns
 from engine import LLM, SamplingParams
 
 MAX_TOKENS = 64
@@ -64,7 +65,7 @@ def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int) -> dict:
             if out.finished:
                 sid = out.request_id.split("-")[0]
                 generated += len(out.outputs[0].token_ids)
-                ttfts.append(out.metrics.first_token_time - out.metrics.arrival_time)
+                ttfts.append(out.metrics.time_to_first_token)
                 sessions[sid].add_reply(out.outputs[0].text)
                 submit(sid)
     seconds = time.perf_counter() - t0
@@ -238,7 +239,7 @@ def _transformers_model(llm: LLM):
     """transformers' own model with the same weights and dtype, from the same checkpoint."""
     from transformers import AutoModelForCausalLM
 
-    from engine.loader import iter_weights
+    from engine.checkpoint.load import iter_weights
 
     eng = llm.engine
     model = AutoModelForCausalLM.from_config(eng.hf_config, dtype=eng.dtype)

@@ -58,9 +58,6 @@ class BlockPool:
     def num_cached_free(self) -> int:
         return self._cached_free
 
-    def usage(self) -> float:
-        return self.num_used / self.num_blocks
-
     # ---- allocation ---------------------------------------------------------------------
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         """Take n blocks from the front of the free queue, evicting their cached hashes."""

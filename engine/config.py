@@ -1,4 +1,5 @@
-"""EngineConfig: every engine knob in one validated dataclass, with vLLM's names."""
+"""EngineConfig: every engine knob in one validated dataclass, with vLLM's names; the flags that set
+them; and the choices made from them (device, dtype, threads, the cache folder), each made here once."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,11 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = (None, "none", "int8", "int4", "int4-g64", "gguf")
+
+
+def cache_dir() -> str:
+    """Converted GGUF configs/tokenizers, the compiled C kernel, our GPTQ checkpoints."""
+    return os.environ.get("PAGEDCHAT_CACHE") or os.path.expanduser("~/.cache/pagedchat")
 
 
 @dataclass
@@ -59,6 +65,34 @@ class EngineConfig:
         """Default: every core this process may run on (2 here). OMP_WAIT_POLICY=PASSIVE is set
         before torch loads (engine/__init__.py) so idle threads sleep instead of spinning."""
         return self.num_threads or len(os.sched_getaffinity(0))
+
+    def resolved_device(self):
+        import torch
+
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA device is available")
+        return torch.device(self.device)
+
+    def resolved_dtype(self, device):
+        """auto: bf16 on CUDA (fp16 where bf16 is slow) and on CPUs with AVX512-BF16 or AMX, else fp32."""
+        import torch
+
+        if self.dtype != "auto":
+            return getattr(torch, self.dtype)
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+
+
+def _cpu_has_fast_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def _positive_int(x: object) -> bool:

@@ -13,6 +13,8 @@ import threading
 
 import torch
 
+from engine.config import cache_dir
+
 log = logging.getLogger("pagedchat.kernels")
 
 _SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_attention.c")
@@ -30,7 +32,7 @@ def _build() -> ctypes.CDLL | None:
         src = f.read()
     cc = os.environ.get("CC", "cc")
     key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
-    cache = os.path.join(os.environ.get("PAGEDCHAT_CACHE", os.path.expanduser("~/.cache/pagedchat")), "kernels")
+    cache = os.path.join(cache_dir(), "kernels")
     path = os.path.join(cache, f"paged_attention-{key}.so")
     if not os.path.exists(path):
         os.makedirs(cache, exist_ok=True)

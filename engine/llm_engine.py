@@ -11,14 +11,16 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from engine.checkpoint.load import build_model, quant_spec
+from engine.checkpoint.source import load_config_and_tokenizer, resolve_model
+from engine.client import BlockState, ContextLengthError, EngineOverloadedError, ModelInfo
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
-from engine.loader import build_model, load_config_and_tokenizer, resolve_model
-from engine.gguf_file import gguf_int4_blocks
 from engine.model_runner import ModelRunner
-from engine.quant import valid_modes, quantize_model
 from engine.quant.kernels import weight_bytes
+from engine.quant.choices import choose_mode
+from engine.quant.methods import quantize_model
 from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput, ScheduledRequest
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
@@ -30,10 +32,6 @@ MAX_DEFAULT_MODEL_LEN = 8192
 CPU_KV_CAP_BYTES = 2 << 30
 
 
-class EngineOverloadedError(RuntimeError):
-    """The waiting queue is full; try again later (HTTP 503)."""
-
-
 @dataclass
 class _Tracked:
     request: Request
@@ -41,44 +39,25 @@ class _Tracked:
     outputs_sent: int = 0
 
 
-def pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device='cuda' but no CUDA device is available")
-    return torch.device(device)
-
-
-def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype != "auto":
-        return getattr(torch, dtype)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
-
-
-def _cpu_has_fast_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         torch.set_num_threads(config.resolved_threads())
-        self.device = pick_device(config.device)
-        self.dtype = pick_dtype(config.dtype, self.device)
+        self.device = config.resolved_device()
+        self.dtype = config.resolved_dtype(self.device)
         t0 = time.perf_counter()
         self.source = resolve_model(config.model)
         self.hf_config, self.tokenizer = load_config_and_tokenizer(self.source)
         self.max_model_len = self._resolve_max_model_len()
-        self.model, spec, blocks = build_model(self.source, self.hf_config, self.dtype, self.device,
-                                               self.max_model_len)
-        self.quantization = self._quantize(spec, blocks)
+        spec = quant_spec(self.source, self.hf_config)
+        self.quantization = choose_mode(config.quantization, spec, self.source.kind, self.dtype)
+        packs = self.quantization in ("gguf", getattr(spec, "method", None))  # 4-bit layers stay 4-bit
+        self.model, packed = build_model(self.source, self.hf_config, self.dtype, self.device,
+                                         self.max_model_len, keep_packed=packs)
+        if "dequantized" in self.quantization:
+            log.info("%s checkpoint dequantized to %s at load (the int4 kernels take bf16)", spec.method, self.dtype)
+        else:
+            quantize_model(self.model, self.quantization, self.dtype, packed)
         self.weight_bytes = weight_bytes(self.model)
         num_blocks = self._num_kv_blocks()
         capacity = num_blocks * config.block_size
@@ -112,26 +91,6 @@ class LLMEngine:
                              f"max_position_embeddings {model_max}")
         return self.config.max_model_len
 
-    def _quantize(self, spec, blocks: dict) -> str:
-        """The checkpoint's own 4-bit layers, GGUF blocks kept packed, or on-the-fly int8/int4."""
-        asked = self.config.quantization
-        if spec is not None:
-            if asked not in (None, spec.method):
-                raise ValueError(f"quantization {asked!r} contradicts the checkpoint, which is {spec.method}")
-            if self.dtype != torch.bfloat16:
-                log.info("%s checkpoint dequantized to %s at load (the int4 kernels take bf16)", spec.method,
-                         self.dtype)
-                return f"{spec.method} (dequantized)"
-            quantize_model(self.model, "checkpoint", self.dtype, blocks)
-            return spec.method
-        modes = valid_modes(self.source.kind, self.dtype)
-        mode = asked if asked is not None else ("gguf" if "gguf" in modes else "none")
-        if mode not in modes:
-            raise ValueError(f"quantization {mode!r} does not apply to this model in {self.dtype}; valid: {modes}")
-        blocks = gguf_int4_blocks(self.source.path, self.hf_config) if mode == "gguf" else None
-        quantize_model(self.model, mode, self.dtype, blocks)
-        return mode
-
     def _num_kv_blocks(self) -> int:
         c = self.config
         if c.num_kv_blocks is not None:
@@ -157,7 +116,10 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
-                    request_id: str | None = None, priority: int = 0, cache_salt: str | None = None) -> str:
+                    request_id: str | None = None, priority: int = 0, cache_salt: str | None = None,
+                    session_id: str | None = None) -> str:
+        """Admit a request or refuse it with a ValueError (ContextLengthError for a prompt that does
+        not fit) or EngineOverloadedError. `session_id` only labels it (the panel's page owners)."""
         params = params or SamplingParams()
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
@@ -169,8 +131,8 @@ class LLMEngine:
         if not ids:
             raise ValueError("prompt is empty")
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt is {len(ids)} tokens but max_model_len is {self.max_model_len} "
-                             f"(the prompt plus at least one generated token must fit)")
+            raise ContextLengthError(f"prompt is {len(ids)} tokens but max_model_len is {self.max_model_len} "
+                                     f"(the prompt plus at least one generated token must fit)", "prompt")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if request_id is None:
@@ -181,7 +143,7 @@ class LLMEngine:
             raise EngineOverloadedError(f"engine overloaded: {self.scheduler.num_waiting} requests waiting "
                                         f"(max_waiting={self.config.max_waiting})")
         req = Request(request_id, ids, params, prompt=text, priority=priority,
-                      eos_token_ids=self.eos_token_ids, cache_salt=cache_salt)
+                      eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, session_id=session_id)
         detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens,
                                        params.stop_strings, params.include_stop_str_in_output)
         self._tracked[request_id] = _Tracked(req, detok)
@@ -277,6 +239,40 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()
+
+    def model_info(self, model: str | None) -> ModelInfo:
+        return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
+                         str(self.device), str(self.dtype).removeprefix("torch."), self.quantization)
+
+    def snapshot(self) -> dict:
+        """What the live panel shows: stats, every block's BlockState and owner (the request's
+        session, else its id), memory."""
+        import dataclasses
+
+        pool = self.kv.pool
+        states = bytearray(pool.num_blocks)
+        for block in pool.blocks:
+            if block.ref_cnt > 1:
+                states[block.block_id] = BlockState.SHARED
+            elif block.ref_cnt == 1:
+                states[block.block_id] = BlockState.USED
+            elif block.block_hash is not None:
+                states[block.block_id] = BlockState.CACHED
+        owners = {}
+        for request_id, blocks in self.kv.req_blocks.items():
+            tracked = self._tracked.get(request_id)
+            owner = (tracked and tracked.request.session_id) or request_id
+            for block in blocks:
+                owners.setdefault(block.block_id, owner)
+        memory = {"rss": psutil.Process().memory_info().rss, "weights": self.weight_bytes,
+                  "kv_cache": self.runner.kv_cache_bytes}
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            memory.update(cuda_allocated=torch.cuda.memory_allocated(self.device),
+                          cuda_reserved=torch.cuda.memory_reserved(self.device), cuda_free=free, cuda_total=total)
+        return {"time": time.time(), "stats": dataclasses.asdict(self.get_stats()), "block_states": bytes(states),
+                "block_owners": owners, "memory": memory, "model": self.source.name, "device": str(self.device),
+                "dtype": str(self.dtype).removeprefix("torch."), "quantization": self.quantization}
 
     def mean_nll(self, token_ids: list[int]) -> float:
         """Mean negative log-likelihood of a token sequence under the model (quality checks), from

@@ -132,7 +132,7 @@ class EngineMetrics:
         if m is None:
             return
         if m.first_token_time is not None:
-            self._l(self.ttft).observe(m.first_token_time - m.arrival_time)
+            self._l(self.ttft).observe(m.time_to_first_token)
         if m.first_scheduled_time is not None:
             self._l(self.queue_time).observe(m.first_scheduled_time - m.arrival_time)
         self._l(self.e2e).observe((m.finished_time or now) - m.arrival_time)
@@ -157,34 +157,3 @@ class EngineMetrics:
                  100 * s.prefix_cache_hit_rate, rate)
         self._last_log = now
         self._window = (now, s.generation_tokens_total)
-
-
-def snapshot(engine) -> dict:
-    """What the live panel shows, taken on the engine thread: stats, every block's state and owner,
-    memory. Block states: 0 free, 1 cached (free, hash kept), 2 in use, 3 in use and shared."""
-    import dataclasses
-
-    import torch
-
-    pool = engine.kv.pool
-    states = bytearray(pool.num_blocks)
-    for block in pool.blocks:
-        if block.ref_cnt > 1:
-            states[block.block_id] = 3
-        elif block.ref_cnt == 1:
-            states[block.block_id] = 2
-        elif block.block_hash is not None:
-            states[block.block_id] = 1
-    owners = {}
-    for request_id, blocks in engine.kv.req_blocks.items():
-        for block in blocks:
-            owners.setdefault(block.block_id, request_id)
-    memory = {"rss": psutil.Process().memory_info().rss, "weights": engine.weight_bytes,
-              "kv_cache": engine.runner.kv_cache_bytes}
-    if engine.device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(engine.device)
-        memory.update(cuda_allocated=torch.cuda.memory_allocated(engine.device),
-                      cuda_reserved=torch.cuda.memory_reserved(engine.device), cuda_free=free, cuda_total=total)
-    return {"time": time.time(), "stats": dataclasses.asdict(engine.get_stats()), "block_states": bytes(states),
-            "block_owners": owners, "memory": memory, "model": engine.source.name, "device": str(engine.device),
-            "dtype": str(engine.dtype).removeprefix("torch.")}

@@ -31,7 +31,7 @@ class Request:
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  *, prompt: str | None = None, priority: int = 0, eos_token_ids: tuple[int, ...] = (),
-                 cache_salt: str | None = None) -> None:
+                 cache_salt: str | None = None, session_id: str | None = None) -> None:
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -41,6 +41,7 @@ class Request:
         self.priority = priority
         self.eos_token_ids = eos_token_ids
         self.cache_salt = cache_salt
+        self.session_id = session_id  # a label only: which conversation this request belongs to
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set at first scheduling: prefix-cache hit in tokens

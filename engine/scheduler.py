@@ -28,9 +28,6 @@ class Scheduler:
     def num_waiting(self) -> int:
         return len(self.waiting_ids)
 
-    def has_unfinished(self) -> bool:
-        return bool(self.running or self.waiting_ids)
-
     def _key(self, req: Request) -> tuple:
         return req.sort_key() if self.use_priority else req.sort_key()[1:]
 

@@ -6,8 +6,14 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from engine import LLM  # noqa: E402
-from engine.gguf_file import gguf_config_and_tokenizer, gguf_weights  # noqa: E402
-from engine.loader import default_model_path  # noqa: E402
+from engine.checkpoint.gguf import gguf_weights  # noqa: E402
+from engine.checkpoint.source import default_model_path, gguf_config_and_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """The embedded model's tokenizer and chat template alone (no weights): the fast tier's."""
+    return gguf_config_and_tokenizer(default_model_path())[1]
 
 
 @pytest.fixture(scope="session")

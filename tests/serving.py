@@ -7,8 +7,8 @@ import time
 
 import uvicorn
 
-from engine.async_engine import AsyncLLM
-from engine.server import create_app
+from engine.async_llm import AsyncLLM
+from server.routes import create_app
 
 
 class LiveServer:

@@ -2,7 +2,8 @@
 how the engine batches, pages, chunks, caches or preempts; prefix caching reuses what it should."""
 import pytest
 
-from bench.workload import SYSTEM_PROMPT, user_turns
+from ui.simulate import CUSTOMER_SERVICE_PROMPT as SYSTEM_PROMPT
+from ui.simulate import user_turns
 from engine import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

@@ -13,7 +13,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import EngineConfig
-from engine.async_engine import AsyncLLM
+from engine.async_llm import AsyncLLM
 from tests.serving import LiveServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
-from engine.gguf_file import gguf_int4_blocks
-from engine.loader import default_model_path
+from engine.checkpoint.gguf import gguf_weights
+from engine.checkpoint.quantized import Packed4
+from engine.checkpoint.source import default_model_path
 from engine.quant.kernels import SMALL_M, Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from tests.test_models import paged_logits
 
@@ -56,14 +57,13 @@ def test_int8_round_trip_and_kernel():
 
 def test_gguf_q4_blocks_equal_the_file_dequantized(smol_parts):
     config, _, state = smol_parts
-    blocks = gguf_int4_blocks(default_model_path(), config)
-    checks = [("model.layers.3.self_attn.qkv_proj", 0, "model.layers.3.self_attn.q_proj.weight"),
-              ("model.layers.3.self_attn.qkv_proj", 1, "model.layers.3.self_attn.k_proj.weight"),
-              ("model.layers.7.mlp.down_proj", 0, "model.layers.7.mlp.down_proj.weight")]
-    for module, part, name in checks:
-        q, scales, zeros = blocks[module][part]
-        gidx = torch.arange(q.shape[1]) // 32
-        deq = (q.float() - 8) * scales[gidx].T + zeros[gidx].T
+    packed = dict(gguf_weights(default_model_path(), config, keep_packed=True))
+    for name in ("model.layers.3.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight",
+                 "model.layers.7.mlp.down_proj.weight"):
+        p = packed[name]
+        assert isinstance(p, Packed4) and p.perm is None and p.group == 32
+        gidx = torch.arange(p.q.shape[1]) // 32
+        deq = (p.q.float() - 8) * p.scales[gidx].T + p.zeros[gidx].T
         assert torch.allclose(deq, state[name], atol=1e-6), name  # same values, permutation undone
 
 

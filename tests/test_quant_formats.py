@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams
-from engine.quant.formats import AWQ_ORDER, QuantSpec, dequantize, detect, to_int4
+from engine.checkpoint.quantized import AWQ_ORDER, QuantSpec, detect, to_int4
 from engine.quant.gptq import _sum_nibbles, _to_int32, pack_gptq, quantize_checkpoint
 from tests.test_models import paged_logits
 
@@ -70,7 +70,7 @@ def test_layouts_round_trip_exactly(fmt, group, act_order):
     else:
         g_idx_arg = g_idx
     tensors = pack(fmt, q, scales, zeros, g_idx_arg)
-    got = dequantize(*to_int4(spec_for(fmt, group), tensors))
+    got = to_int4(spec_for(fmt, group), tensors).dequantize()
     expected = scales[g_idx].T * (q.float() - zeros[g_idx].T.float())  # W[n,k] = s[g(k),n] (q[k,n] - z[g(k),n])
     assert torch.equal(got, expected)
 

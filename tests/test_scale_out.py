@@ -2,6 +2,9 @@
 request ids echoed and logged as structured lines."""
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -9,7 +12,7 @@ from gradio_client import Client
 
 from app import build_app, parse_args
 from engine import EngineConfig
-from engine.async_engine import AsyncLLM
+from engine.async_llm import AsyncLLM
 from storage import Store
 from tests.serving import LiveServer
 
@@ -36,7 +39,7 @@ def test_ui_tier_chats_through_the_engine_pod(engine_pod, tmp_path):
         sid = store.sessions("login:carol")[0]["id"]
         reply = store.messages("login:carol", sid)[-1]
         assert reply["generated_tokens"] == len(reply["token_ids"]) == 16
-        stats = engine_pod.llm.call(lambda e: e.get_stats())
+        stats = engine_pod.llm.run_on_engine_thread(lambda e: e.get_stats())
         assert stats.generation_tokens_total >= 16 and stats.kv_blocks_used == 0
         # the second turn's prompt starts with the first turn's exact ids: a prefix-cache hit on the pod
         client.predict("and again", 0.0, 1.0, 16, api_name="/send")
@@ -56,3 +59,19 @@ def test_request_id_is_echoed_and_logged_without_text(engine_pod, caplog):
     assert "secret" not in json.dumps(mine[0])
     generated = httpx.post(f"{engine_pod.url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
     assert generated.headers["x-request-id"].startswith("req-")
+
+
+def test_ui_tier_starts_without_torch(engine_pod, tmp_path):
+    """A UI pod needs the tokenizer, not the engine: with torch unimportable it builds and connects."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # as if torch were not installed\n"
+        "from app import build_app, parse_args\n"
+        f"app, client = build_app(parse_args(['--db', {str(tmp_path / 'ui.db')!r}, '--model', "
+        f"{engine_pod.model_path!r}, '--engine-url', {engine_pod.url + '/v1'!r}]))\n"
+        "assert client.wait_ready(120), client.error\n"
+        "print('serving', client.info.name, client.info.max_model_len)\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"serving {os.path.basename(engine_pod.model_path)} 512" in result.stdout

@@ -91,7 +91,7 @@ def test_abort_frees_blocks_at_once_in_any_state():
     assert kv.pool.num_used == 3
     sched.finish(running, RequestStatus.FINISHED_ABORTED)
     sched.finish(waiting, RequestStatus.FINISHED_ABORTED)
-    assert kv.pool.num_used == 0 and not sched.has_unfinished()
+    assert kv.pool.num_used == 0 and not sched.running and sched.num_waiting == 0
     assert run_step(sched).is_empty
 
 

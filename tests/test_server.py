@@ -9,8 +9,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import EngineConfig, SamplingParams
-from engine.async_engine import AsyncLLM
-from engine.server import create_app
+from engine.async_llm import AsyncLLM
+from server.routes import create_app
 from tests.serving import LiveServer, wait_for
 
 QUESTION = [{"role": "user", "content": "My parcel NW20481377 is late. What should I do?"}]
@@ -29,7 +29,7 @@ def client(live):
 
 
 def used_blocks(live) -> int:
-    return live.llm.call(lambda e: e.get_stats().kv_blocks_used)
+    return live.llm.run_on_engine_thread(lambda e: e.get_stats().kv_blocks_used)
 
 
 def test_chat_matches_offline_generate(client, smol32):
@@ -97,7 +97,7 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(live):
             assert any(line.startswith("data: ") for line in seen)
             assert used_blocks(live) > idle
     wait_for(lambda: used_blocks(live) == idle, 30, "the aborted request's blocks to be freed")
-    live.llm.call(lambda e: e.check_integrity())
+    live.llm.run_on_engine_thread(lambda e: e.check_integrity())
 
 
 def test_metrics_exist_from_the_start_and_move(live, client):
@@ -169,11 +169,11 @@ def test_overload_is_503_and_the_server_recovers(tiny_model):
     llm = AsyncLLM(EngineConfig(model=path, dtype="float32", num_kv_blocks=200, max_num_seqs=1, max_waiting=1))
     with LiveServer(llm) as server:
         hold = SamplingParams(max_tokens=3000, ignore_eos=True)
-        llm.call(lambda e: e.add_request([5, 6, 7], hold, request_id="busy"))
-        llm.call(lambda e: e.add_request([8, 9], hold, request_id="queued"))
+        llm.run_on_engine_thread(lambda e: e.add_request([5, 6, 7], hold, request_id="busy"))
+        llm.run_on_engine_thread(lambda e: e.add_request([8, 9], hold, request_id="queued"))
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})
         assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
-        llm.call(lambda e: (e.abort_request("busy"), e.abort_request("queued")))
+        llm.run_on_engine_thread(lambda e: (e.abort_request("busy"), e.abort_request("queued")))
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
 
@@ -200,7 +200,7 @@ def test_a_crashed_engine_loop_fails_requests_and_health(tiny_model):
         def explode():
             raise RuntimeError("scheduler bug")
 
-        llm.call(lambda e: setattr(e.scheduler, "schedule", explode))
+        llm.run_on_engine_thread(lambda e: setattr(e.scheduler, "schedule", explode))
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 4})
         assert r.status_code == 503 and "scheduler bug" in r.json()["error"]["message"]
         health = httpx.get(f"{server.url}/health")
@@ -209,7 +209,6 @@ def test_a_crashed_engine_loop_fails_requests_and_health(tiny_model):
 
 def test_model_switch_aborts_in_flight_and_serves_the_new_model(tiny_model):
     import asyncio
-    import dataclasses
 
     llama, _ = tiny_model("llama")
     qwen, _ = tiny_model("qwen2")
@@ -220,13 +219,14 @@ def test_model_switch_aborts_in_flight_and_serves_the_new_model(tiny_model):
         stream = llm.generate([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True))
         first = await stream.__anext__()
         assert not first.finished
-        message = await asyncio.to_thread(llm.switch_model, dataclasses.replace(llm.config, model=qwen))
+        message = await asyncio.to_thread(llm.switch_model, qwen, None)
         reasons = [out.outputs[0].finish_reason async for out in stream]
         return message, reasons[-1]
 
     message, reason = asyncio.run(scenario())
     assert "aborted 1 in-flight" in message and reason == "abort"
-    assert llm.model_name == os.path.basename(qwen) and llm.engine.hf_config.model_type == "qwen2"
+    assert llm.info.name == os.path.basename(qwen)
+    assert llm.run_on_engine_thread(lambda e: e.hf_config.model_type) == "qwen2"
     done = asyncio.run(_collect(llm.generate([4, 5], SamplingParams(max_tokens=3, ignore_eos=True))))
     assert len(done.outputs[0].token_ids) == 3
     llm.shutdown()

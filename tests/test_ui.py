@@ -49,12 +49,12 @@ def test_stop_aborts_and_keeps_the_partial_reply(ui):
     job = bob.submit("Tell me a very long story about a lost parcel.", 0.0, 1.0, 1000, api_name="/send")
     wait_for(lambda: len(job.outputs()) >= 3, 120, "the reply to start streaming")
     job.cancel()
-    wait_for(lambda: ui.llm.call(lambda e: e.get_stats().num_running) == 0, 60, "the request to be aborted")
+    wait_for(lambda: ui.llm.run_on_engine_thread(lambda e: e.get_stats().num_running) == 0, 60, "the request to be aborted")
     wait_for(lambda: any(m["role"] == "assistant" for m in ui.store.messages(
         "login:bob", sessions_of(ui.store, "bob")[0]["id"])), 60, "the partial reply to be stored")
     reply = ui.store.messages("login:bob", sessions_of(ui.store, "bob")[0]["id"])[-1]
     assert reply["finish_reason"] == "abort" and 0 < reply["generated_tokens"] < 1000
-    assert ui.llm.call(lambda e: e.get_stats().kv_blocks_used) == 0
+    assert ui.llm.run_on_engine_thread(lambda e: e.get_stats().kv_blocks_used) == 0
 
 
 def test_regenerate_replaces_the_last_reply(ui):
@@ -96,7 +96,7 @@ def test_overlong_message_is_refused_and_kept_in_the_box(ui):
     huge = "refund " * 15000  # ~100 kB, far past max_model_len
     chat, box = alice.predict(huge, 0.0, 1.0, 16, api_name="/send")
     assert box == huge
-    assert ui.llm.call(lambda e: e.get_stats().kv_blocks_used) == 0
+    assert ui.llm.run_on_engine_thread(lambda e: e.get_stats().kv_blocks_used) == 0
 
 
 def test_switching_to_a_model_that_fails_keeps_the_old_one_serving(ui):
@@ -115,6 +115,6 @@ def test_operator_quantizes_with_our_gptq_and_switches(ui, tmp_path, monkeypatch
     assert ["gptq (quantize now)", "gptq (quantize now)"] in choices
     status = alice.predict(label, "gptq (quantize now)", api_name="/switch")
     assert status.startswith("✅") and "loaded" in status
-    assert ui.llm.engine.quantization.startswith("gptq")  # "(dequantized)" in this fp32 fixture
+    assert ui.llm.info.quantization.startswith("gptq")  # "(dequantized)" in this fp32 fixture
     chat, _ = alice.predict("Hello again", 0.0, 1.0, 16, api_name="/send")
     assert "generated" in str(chat[-1]["content"])

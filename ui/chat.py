@@ -1,5 +1,5 @@
-"""The chat pane's logic, kept apart from Gradio widgets: who the user is, what a session shows,
-one streamed turn (prompt built token-exactly, reply stored with its ids and timings)."""
+"""The chat pane's logic, kept apart from Gradio widgets: what a session shows, and one streamed
+turn (prompt built token-exactly, reply stored with its ids and timings)."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,8 @@ import logging
 import time
 import uuid
 
-from engine import SamplingParams
+from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
+from engine.sampling_params import SamplingParams
 from ui.conversation import build_prompt
 
 log = logging.getLogger("pagedchat.ui")
@@ -30,26 +31,25 @@ def display(messages: list[dict]) -> list[dict]:
 
 
 class ChatService:
-    """Everything a chat event needs: the engine front, the store, the active requests per tab."""
+    """Everything a chat event needs: the engine client, the store, the active requests per tab."""
 
-    def __init__(self, llm, store) -> None:
-        self.llm = llm
+    def __init__(self, client: EngineClient, store) -> None:
+        self.client = client
         self.store = store
         self.active: dict[str, set[str]] = {}  # browser tab (session_hash) -> engine request ids
-
-    def model_name(self) -> str:
-        return self.llm.model_name
 
     async def turn(self, user: str, session_id: str, text: str, params: SamplingParams, tab: str,
                    regenerate: bool = False):
         """Yields (messages for display, done). Stores the user message (unless regenerating) and
         the reply, partial replies included when the turn is stopped."""
-        engine = self.llm.engine
+        info = self.client.info
+        if info is None:
+            raise EngineDeadError(self.client.error or "the model is still loading")
         session = self.store.session(user, session_id)
         if session is None:
             raise ValueError("this chat does not exist or is not yours")
         history = self.store.messages(user, session_id)
-        model = self.model_name()
+        model = info.name
         if regenerate:
             last_user = history[-1] if history and history[-1]["role"] == "user" else None
             if last_user is None:
@@ -57,24 +57,28 @@ class ChatService:
             prompt_ids, shown = last_user["token_ids"], history
             same_model = not history[:-1] or history[-2].get("model") in (None, "", model)
             if not prompt_ids or not same_model:  # built for another model: render again
-                prompt_ids = build_prompt(engine.tokenizer, session["system_prompt"], history[:-1],
+                prompt_ids = build_prompt(info.tokenizer, session["system_prompt"], history[:-1],
                                           last_user["content"], model).token_ids
         else:
-            prompt_ids = build_prompt(engine.tokenizer, session["system_prompt"], history, text, model).token_ids
-            if len(prompt_ids) >= engine.max_model_len:
+            prompt_ids = build_prompt(info.tokenizer, session["system_prompt"], history, text, model).token_ids
+            if len(prompt_ids) >= info.max_model_len:
                 raise ValueError(f"this message makes the conversation {len(prompt_ids)} tokens long; the model "
-                                 f"takes {engine.max_model_len}. Start a new chat or send a shorter message.")
-            self.store.add_message(user, session_id, "user", text, prompt_ids, model=model)
+                                 f"takes {info.max_model_len}. Start a new chat or send a shorter message.")
+            stored = self.store.add_message(user, session_id, "user", text, prompt_ids, model=model)
             if len(history) == 0 and session["title"] == "New chat":
                 self.store.update_session(user, session_id, title=text[:40])
             shown = self.store.messages(user, session_id)
-        request_id = f"s:{session_id}:{uuid.uuid4().hex[:8]}"
+        request_id = f"chat-{uuid.uuid4().hex[:12]}"
         self.active.setdefault(tab, set()).add(request_id)
         start = time.time()
         last = None
         try:
-            async for last in self.llm.generate(prompt_ids, params, request_id=request_id):
+            async for last in self.client.generate(prompt_ids, params, request_id=request_id, session_id=session_id):
                 yield display(shown) + [{"role": "assistant", "content": last.outputs[0].text}], False
+        except (ValueError, EngineDeadError, EngineOverloadedError):
+            if last is None and not regenerate:  # refused at admission: the text stays in the box, unsent
+                self.store.delete_messages_from(user, session_id, stored)
+            raise
         except (asyncio.CancelledError, GeneratorExit):  # Stop, a closed tab, or the event closed
             self._store_reply(user, session_id, last, prompt_ids, start, model, stopped=True)
             raise
@@ -96,10 +100,10 @@ class ChatService:
             user, session_id, "assistant", completion.text, completion.token_ids, model=model,
             finish_reason="abort" if stopped else completion.finish_reason, prompt_tokens=len(prompt_ids),
             cached_tokens=out.num_cached_tokens, generated_tokens=n,
-            ttft=(first - m.arrival_time) if first else None, tokens_per_s=speed)
+            ttft=m.time_to_first_token if m else None, tokens_per_s=speed)
 
     def abort_tab(self, tab: str) -> int:
         ids = self.active.pop(tab, set())
         for rid in ids:
-            self.llm.abort(rid)
+            self.client.abort(rid)
         return len(ids)

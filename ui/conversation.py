@@ -8,12 +8,6 @@ from dataclasses import dataclass
 
 log = logging.getLogger("pagedchat.conversation")
 
-CUSTOMER_SERVICE_PRESET = (
-    "You are a friendly, concise customer service agent. Greet the customer, find out what they need, "
-    "answer from what you know, never invent order details, prices or policies, and offer to hand the "
-    "case to a human colleague when you cannot help.")
-
-
 @dataclass
 class Prompt:
     token_ids: list[int]

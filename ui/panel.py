@@ -1,5 +1,5 @@
-"""The live engine panel: one background sampler for every open tab (the engine is asked once a
-second, whatever the number of viewers), and the HTML / plot data it renders."""
+"""The live engine panel: one background sampler for every open tab (the engine client is asked
+for a snapshot once a second, whatever the number of viewers), and the HTML / plot data it renders."""
 from __future__ import annotations
 
 import colorsys
@@ -11,21 +11,31 @@ from collections import deque
 
 import pandas as pd
 
-from engine.metrics import snapshot
+from engine.client import BlockState, EngineClient
 
 MAX_CELLS = 1536
-STATE_NAMES = ("free", "cached", "in use", "shared")
+STATE_NAMES = {BlockState.FREE: "free", BlockState.CACHED: "cached", BlockState.USED: "in use",
+               BlockState.SHARED: "shared"}
+PLOTS = (["running", "waiting", "preemptions"], ["prefill", "decode"], ["tokens_per_s"], ["hit_rate"])
 
 
 class PanelSampler:
-    def __init__(self, llm, interval: float = 1.0, keep: int = 120) -> None:
-        self.llm = llm
+    def __init__(self, client: EngineClient, interval: float = 1.0, keep: int = 120) -> None:
+        self.client = client
         self.interval = interval
         self.latest: dict | None = None
+        self.remote = False  # set once the client says it has no engine here to sample
         self.history: deque[dict] = deque(maxlen=keep)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+
+    def render(self) -> tuple:
+        """The panel's HTML, memory line and plot frames (PLOTS order) as of the latest sample."""
+        self.ensure_running()
+        snap, history = self.latest, list(self.history)
+        if self.remote:
+            return (remote_html(self.client), "", *(series([], names) for names in PLOTS))
+        return (page_map_html(snap), memory_html(snap), *(series(history, names) for names in PLOTS))
 
     def ensure_running(self) -> None:
         with self._lock:
@@ -33,18 +43,19 @@ class PanelSampler:
                 self._thread = threading.Thread(target=self._run, name="panel-sampler", daemon=True)
                 self._thread.start()
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def _run(self) -> None:
         previous = None
-        while not self._stop.wait(self.interval if previous else 0):
-            if not self.llm.ready:
+        while True:
+            time.sleep(self.interval if previous else 0.1)
+            if not self.client.ready:
                 continue
             try:
-                snap = self.llm.call(snapshot, timeout=30)
+                snap = self.client.snapshot()
             except Exception:  # noqa: BLE001 - a missed sample is not worth a crash
                 continue
+            if snap is None:  # the engine runs elsewhere: nothing to sample
+                self.remote = True
+                return
             self.latest = snap
             self.history.append(_point(snap, previous))
             previous = snap
@@ -68,14 +79,9 @@ def _point(snap: dict, previous: dict | None) -> dict:
     return point
 
 
-def owner_group(request_id: str) -> str:
-    """UI requests are named "s:<session>:<n>": colour by session. Others by their own id."""
-    parts = request_id.split(":")
-    return ":".join(parts[:2]) if len(parts) >= 3 else request_id
-
-
-def owner_colour(request_id: str) -> str:
-    digest = hashlib.sha1(owner_group(request_id).encode()).digest()
+def owner_colour(owner: str) -> str:
+    """A stable colour per owner (a chat session, or a request without one)."""
+    digest = hashlib.sha1(owner.encode()).digest()
     r, g, b = colorsys.hls_to_rgb(digest[0] / 255, 0.5, 0.65)
     return f"rgb({int(r * 255)},{int(g * 255)},{int(b * 255)})"
 
@@ -91,14 +97,14 @@ def page_map_html(snap: dict | None) -> str:
         group = range(start, min(start + per_cell, n))
         state = max(states[i] for i in group)
         owner = next((owners[i] for i in group if i in owners), None)
-        colour = {0: "#e5e7eb", 1: "#93c5fd"}.get(state) or owner_colour(owner or "")
-        border = "outline:1px solid #111;" if state == 3 else ""
+        colour = {BlockState.FREE: "#e5e7eb", BlockState.CACHED: "#93c5fd"}.get(state) or owner_colour(owner or "")
+        border = "outline:1px solid #111;" if state == BlockState.SHARED else ""
         title = f"block {start}" + (f"-{group[-1]}" if per_cell > 1 else "") + f": {STATE_NAMES[state]}"
         if owner:
             title += f", {owner}"
         cells.append(f"<i title='{html.escape(title)}' style='background:{colour};{border}'></i>")
     s = snap["stats"]
-    counts = {name: sum(1 for x in states if x == code) for code, name in enumerate(STATE_NAMES)}
+    counts = {name: sum(1 for x in states if x == code) for code, name in STATE_NAMES.items()}
     note = f" (each cell is {per_cell} blocks)" if per_cell > 1 else ""
     return (
         "<style>#kv-grid{display:grid;grid-template-columns:repeat(auto-fill,9px);gap:1px}"
@@ -113,12 +119,19 @@ def page_map_html(snap: dict | None) -> str:
         f"generated <b id='gen-total'>{s['generation_tokens_total']}</b> tokens</div></div>")
 
 
+def remote_html(client: EngineClient) -> str:
+    where = html.escape(client.info.device if client.info else "another process")
+    return (f"<div id='kv-map'>The engine runs in other pods, {where}: its KV pages and batches are on "
+            "their <code>/metrics</code> and dashboards.</div>")
+
+
 def memory_html(snap: dict | None) -> str:
     if snap is None:
         return ""
     m = snap["memory"]
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
-    parts = [f"model <b>{html.escape(snap['model'])}</b> on {snap['device']} ({snap['dtype']})",
+    parts = [f"model <b>{html.escape(snap['model'])}</b> on {snap['device']} ({snap['dtype']}, "
+             f"{html.escape(snap['quantization'])})",
              f"weights {mib(m['weights'])}", f"KV pool {mib(m['kv_cache'])}", f"process RSS {mib(m['rss'])}"]
     if "cuda_allocated" in m:
         parts += [f"CUDA allocated {mib(m['cuda_allocated'])}", f"reserved {mib(m['cuda_reserved'])}",

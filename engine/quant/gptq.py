@@ -115,7 +115,8 @@ def quantize_checkpoint(model_path: str | None, out: str, group_size: int = 64, 
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
-    from engine.loader import iter_weights, load_config_and_tokenizer, resolve_model
+    from engine.checkpoint.load import iter_weights
+    from engine.checkpoint.source import load_config_and_tokenizer, resolve_model
 
     src = resolve_model(model_path)
     config, tokenizer = load_config_and_tokenizer(src)

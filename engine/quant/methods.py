@@ -1,4 +1,4 @@
-"""Which layers get which quantized weight: on-the-fly int8 / int4, or GGUF's packed blocks."""
+"""Which layers get which quantized weight: on-the-fly int8 / int4, or a checkpoint's packed 4-bit layers."""
 from __future__ import annotations
 
 import logging
@@ -7,39 +7,32 @@ import torch
 from torch import nn
 
 from engine.layers import Linear
+from engine.quant.choices import CHECKPOINT_FORMATS
 from engine.quant.kernels import ConcatWeight, Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
 log = logging.getLogger("pagedchat.quant")
 
-QUANTIZATION_MODES = ("none", "int8", "int4", "int4-g64", "gguf")
 
-
-def valid_modes(source_kind: str, dtype: torch.dtype) -> list[str]:
-    """Modes that apply to a model: the packed kernels take bf16 activations."""
-    modes = ["none"]
-    if dtype == torch.bfloat16:
-        modes += ["int8", "int4", "int4-g64"] + (["gguf"] if source_kind == "gguf" else [])
-    return modes
-
-
-def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, gguf_blocks: dict | None = None) -> dict:
-    """Swap each Linear's matmul (and the LM head's) for a quantized one. Returns a summary of the
-    path chosen per kind of layer, logged once."""
+def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, packed: dict | None = None) -> dict:
+    """Swap each Linear's matmul (and the LM head's) for a quantized one. `mode` "gguf" and
+    checkpoint formats take their layers from `packed` (Packed4 shards per Linear). Returns a
+    summary of the path chosen per kind of layer, logged once."""
+    checkpoint, packed = mode in CHECKPOINT_FORMATS, packed or {}
     if mode == "none":
         return {}
     chosen: dict[str, str] = {}
     for name, module in model.named_modules():
         if not isinstance(module, Linear) or name == "lm_head":
             continue
-        if mode in ("gguf", "checkpoint"):
-            module.quant = _from_blocks(name, gguf_blocks or {}, dtype)
+        if mode == "gguf" or checkpoint:
+            module.quant = _from_packed(packed.get(name), dtype, module.weight.device)
         else:
             module.quant = _on_the_fly(module.weight.data, mode, dtype)
         if module.quant is not None:
             module.weight = None  # the quantized weight keeps what it needs (a dense copy on CPU)
         kind = name.rsplit(".", 1)[-1]
         chosen[kind] = type(module.quant).__name__ if module.quant is not None else "bf16 dense"
-    if mode == "checkpoint":  # the checkpoint decides: its LM head stays as it was stored
+    if checkpoint:  # the checkpoint decides: its LM head stays as it was stored
         return chosen
     head = model.lm_head.weight.data if model.lm_head is not None else model.model.embed_tokens.weight.data
     # The LM head is the largest matmul of a small model's decode step: quantize it even when the
@@ -64,15 +57,18 @@ def _on_the_fly(w: torch.Tensor, mode: str, dtype: torch.dtype):
     return Int4Weight(q, scales, zeros, group, dtype)
 
 
-def _from_blocks(name: str, blocks: dict, dtype: torch.dtype):
+def _from_packed(parts: list | None, dtype: torch.dtype, device: torch.device):
     """Packed 4-bit shards of one Linear (a fused one has several): one Int4Weight when they share
     the input order and group size, else one each, their outputs concatenated."""
-    parts = blocks.get(name)
-    if not parts or any(p is None for p in parts):
+    if not parts:
         return None
-    parts = [p if len(p) == 5 else (*p, None, 32) for p in parts]  # GGUF shards: no perm, groups of 32
-    perms, groups = {None if p[3] is None else tuple(p[3].tolist()) for p in parts}, {p[4] for p in parts}
-    if len(perms) == 1 and len(groups) == 1:
-        q, s, z = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts], 1), torch.cat([p[2] for p in parts], 1)
-        return Int4Weight(q, s, z, parts[0][4], dtype, perm=parts[0][3])
-    return ConcatWeight([Int4Weight(p[0], p[1], p[2], p[4], dtype, perm=p[3]) for p in parts])
+    perms = {None if p.perm is None else tuple(p.perm.tolist()) for p in parts}
+    if len(perms) == 1 and len({p.group for p in parts}) == 1:
+        q, s, z = (torch.cat([getattr(p, f) for p in parts], dim) for f, dim in (("q", 0), ("scales", 1), ("zeros", 1)))
+        return Int4Weight(q.to(device), s.to(device), z.to(device), parts[0].group, dtype, perm=_to(parts[0].perm, device))
+    return ConcatWeight([Int4Weight(p.q.to(device), p.scales.to(device), p.zeros.to(device), p.group, dtype,
+                                    perm=_to(p.perm, device)) for p in parts])
+
+
+def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)

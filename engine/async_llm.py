@@ -1,20 +1,22 @@
-"""The async front: one engine thread drives step(); callers on any thread or event loop submit
-requests and read their deltas from an async iterator.
+"""AsyncLLM, the in-process EngineClient: one engine thread drives step(); callers on any thread
+or event loop submit requests and read their deltas from an async iterator.
 
 Locking rule: only the engine thread touches the LLMEngine. Other threads talk to it through
-`_inbox` (commands under `_lock`) and get answers through futures and per-request queues.
+`_inbox` (commands under `_lock`) and get answers through futures and per-request queues; what
+they may read directly is `info` (immutable) and the Prometheus metrics (thread-safe).
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import itertools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 
+from engine.client import EngineDeadError, ModelInfo
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
@@ -24,20 +26,19 @@ from engine.sampling_params import SamplingParams
 log = logging.getLogger("pagedchat.async")
 
 
-class EngineDeadError(RuntimeError):
-    """The engine loop crashed or is not loaded; nothing can be served."""
-
-
-@dataclass
+@dataclasses.dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
 
 
 class AsyncLLM:
+    """The engine in this process, behind the EngineClient interface (engine/client.py)."""
+
     def __init__(self, config: EngineConfig, *, load: bool = True) -> None:
         self.config = config
-        self.engine: LLMEngine | None = None
+        self._engine: LLMEngine | None = None
+        self._info: ModelInfo | None = None
         self.metrics: EngineMetrics | None = None
         self.state = "loading"  # loading | ready | dead
         self.error: str | None = None
@@ -68,12 +69,12 @@ class AsyncLLM:
             self._thread.join(timeout=30)
 
     @property
-    def model_name(self) -> str:
-        return self.engine.source.name if self.engine else (self.config.model or "default")
+    def info(self) -> ModelInfo | None:
+        return self._info
 
     # ---- requests (any thread / event loop) -----------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams, *, request_id: str | None = None,
-                       priority: int = 0) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, session_id: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per step with new text; the last has finished=True. If the caller
         stops iterating (client gone, task cancelled), the request is aborted at once."""
         if not self.ready:
@@ -85,7 +86,8 @@ class AsyncLLM:
 
         def add() -> None:
             try:
-                self.engine.add_request(prompt, params, request_id=request_id, priority=priority)
+                self._engine.add_request(prompt, params, request_id=request_id, priority=priority,
+                                         session_id=session_id)
                 self._streams[request_id] = stream
                 added.set_result(None)
             except Exception as e:  # noqa: BLE001 - handed to the caller as is
@@ -109,26 +111,46 @@ class AsyncLLM:
 
     def abort(self, request_id: str) -> None:
         def do() -> None:
-            if self.engine is not None:
-                self.engine.abort_request(request_id)
+            if self._engine is not None:
+                self._engine.abort_request(request_id)
         self._submit(do)
 
-    def call(self, fn: Callable[[LLMEngine], object], timeout: float = 60) -> object:
-        """Run fn(engine) on the engine thread and return its result (for stats, tokenizing...)."""
+    def snapshot(self) -> dict | None:
+        if not self.ready:
+            return None
+        return self.run_on_engine_thread(LLMEngine.snapshot, timeout=30)
+
+    def metrics_text(self) -> bytes:
+        return self.metrics.exposition() if self.metrics is not None else b""
+
+    def run_on_engine_thread(self, fn: Callable[[LLMEngine], object], timeout: float = 60) -> object:
+        """fn(engine) on the engine thread, its result returned. For tests and tools that inspect
+        the engine; the product goes through the EngineClient methods."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
 
         def do() -> None:
             try:
-                fut.set_result(fn(self.engine))
+                fut.set_result(fn(self._engine))
             except Exception as e:  # noqa: BLE001
                 fut.set_exception(e)
         self._submit(do)
         return fut.result(timeout)
 
-    def switch_model(self, config: EngineConfig) -> str:
+    # ---- models ---------------------------------------------------------------------------
+    def quantization_choices(self, model: str | None) -> list[str]:
+        from engine.quant.choices import quantization_choices_for
+
+        return quantization_choices_for(model, self.config)
+
+    def switch_model(self, model: str | None, quantization: str | None) -> str:
         """Load another model on the engine thread. In-flight requests are aborted (their streams end
-        with "abort"); if the load fails the old model keeps serving and the error is raised.
+        with "abort"); if the load fails the old model keeps serving and ValueError says why.
         Blocks the caller until done; returns a line saying what happened."""
+        from engine.quant.choices import resolve_switch
+
+        model, quantization = resolve_switch(model, quantization)  # may run our GPTQ producer first
+        config = dataclasses.replace(self.config, model=model, quantization=quantization)
+
         def do(old: LLMEngine) -> str:
             aborted = sorted(self._streams) + [r for r in list(old._tracked) if r not in self._streams]
             for rid in aborted:
@@ -141,14 +163,19 @@ class AsyncLLM:
             except Exception as e:
                 self.metrics.load_failures.labels(self.metrics.model_name).inc()
                 raise ValueError(f"could not load {config.model or 'the default model'}: {e}") from e
-            self.engine, self.config = new, config
+            self._engine, self.config = new, config
             del old
-            self.metrics = EngineMetrics(new.source.name)
-            self.metrics.on_loaded(new.load_seconds, new.weight_bytes, new.runner.kv_cache_bytes,
-                                   new.kv.pool.num_blocks)
+            self._loaded_new(new)
             return (f"loaded {new.source.name} in {time.perf_counter() - t0:.1f}s; "
                     f"aborted {len(aborted)} in-flight request(s)")
-        return self.call(do, timeout=600)
+        return self.run_on_engine_thread(do, timeout=600)
+
+    def _loaded_new(self, engine: LLMEngine) -> None:
+        self._info = engine.model_info(self.config.model)
+        self.metrics = EngineMetrics(engine.source.name)
+        self.metrics.on_loaded(engine.load_seconds, engine.weight_bytes, engine.runner.kv_cache_bytes,
+                               engine.kv.pool.num_blocks)
+        self.metrics.on_step(engine.get_stats(), stepped=False)
 
     def _deliver(self, out: RequestOutput) -> None:
         self.metrics.on_output(out)
@@ -169,11 +196,8 @@ class AsyncLLM:
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self.engine = LLMEngine(self.config)
-            self.metrics = EngineMetrics(self.engine.source.name)
-            e = self.engine
-            self.metrics.on_loaded(e.load_seconds, e.weight_bytes, e.runner.kv_cache_bytes, e.kv.pool.num_blocks)
-            self.metrics.on_step(e.get_stats(), stepped=False)
+            self._engine = LLMEngine(self.config)
+            self._loaded_new(self._engine)
             self.state = "ready"
         except Exception as e:  # noqa: BLE001
             log.exception("model load failed")
@@ -199,7 +223,7 @@ class AsyncLLM:
                 self._wake.clear()
             for command in commands:
                 command()
-            engine = self.engine  # a command may have switched the model
+            engine = self._engine  # a command may have switched the model
             outputs = engine.step() if engine.has_unfinished_requests() else []
             stepped = bool(outputs) or engine.has_unfinished_requests()
             for out in outputs:

@@ -1,6 +1,6 @@
-"""4-bit checkpoint formats read into one shape: per Linear, (q [N, K] in 0..15, scales [G, N],
-zeros [G, N], perm or None) in the int4 kernel's convention w = (q - 8) * scale + zero.
-Layouts: ../shared/QUANT_FORMATS.md. Variants we cannot run are refused by name."""
+"""4-bit checkpoint formats (GPTQ, AWQ GEMM, compressed-tensors pack-quantized; GGUF Q4 blocks in
+gguf.py) read into one shape, Packed4, in the int4 kernel's convention w = (q - 8) * scale + zero.
+Layouts: docs/ARCHITECTURE.md ("Quantized checkpoints"). Variants we cannot run are refused by name."""
 from __future__ import annotations
 
 import json
@@ -14,6 +14,22 @@ from engine.quant.kernels import INT4_GROUP_SIZES
 GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 CT_PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape")
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble i of an AWQ word holds column 8c + AWQ_ORDER[i]
+
+
+@dataclass
+class Packed4:
+    """One Linear's 4-bit weight: q [N, K] in 0..15, scales and zeros [G, N] (fp32), perm [K] (the
+    input order of act-order checkpoints) or None, group size."""
+    q: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    perm: torch.Tensor | None
+    group: int
+
+    def dequantize(self) -> torch.Tensor:
+        g = torch.arange(self.q.shape[1]) // self.group
+        w = (self.q.float() - 8) * self.scales[g].T + self.zeros[g].T
+        return w if self.perm is None else w[:, torch.argsort(self.perm)]
 
 
 @dataclass
@@ -81,8 +97,8 @@ def _unpack_rows(words: torch.Tensor) -> torch.Tensor:
     return ((words.unsqueeze(-1) >> shifts) & 0xF).reshape(words.shape[0], -1)
 
 
-def to_int4(spec: QuantSpec, parts: dict[str, torch.Tensor]):
-    """One Linear's tensors -> (q [N, K], scales [G, N] fp32, zeros [G, N] fp32, perm | None, group)."""
+def to_int4(spec: QuantSpec, parts: dict[str, torch.Tensor]) -> Packed4:
+    """One Linear's checkpoint tensors (qweight, scales, ...) in the kernel's convention."""
     if spec.method == "gptq":
         q = _unpack_rows(parts["qweight"].T.contiguous())  # [N, K]
         scales = parts["scales"].float()
@@ -118,10 +134,4 @@ def to_int4(spec: QuantSpec, parts: dict[str, torch.Tensor]):
             raise ValueError(f"group size {group} with K={K} fits none of the int4 kernel's groups")
         scales, zeros = scales.repeat_interleave(group // fit, 0), zeros.repeat_interleave(group // fit, 0)
         group = fit
-    return q.to(torch.int32), scales, zeros, perm, group
-
-
-def dequantize(q, scales, zeros, perm, group) -> torch.Tensor:
-    g = torch.arange(q.shape[1]) // group
-    w = (q.float() - 8) * scales[g].T + zeros[g].T
-    return w if perm is None else w[:, torch.argsort(perm)]
+    return Packed4(q.to(torch.int32), scales, zeros, perm, group)

@@ -1,5 +1,5 @@
-"""OpenAI request and response shapes for the server (pydantic), and the mapping of request fields
-onto SamplingParams. Nothing here touches the engine."""
+"""OpenAI request and response shapes (pydantic), and the mapping of request fields onto
+SamplingParams, which validates their values (once, for every front). Nothing here touches the engine."""
 from __future__ import annotations
 
 import time
@@ -36,7 +36,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions. Unknown fields are ignored."""
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -61,7 +61,8 @@ class SamplingFields(BaseModel):
 
     def sampling_params(self, room: int) -> SamplingParams:
         """`room`: tokens left in the context after the prompt (the default for max_tokens)."""
-        values = dict(n=self.n, max_tokens=self.requested_max_tokens() or room, min_tokens=self.min_tokens,
+        wanted = self.requested_max_tokens()
+        values = dict(n=self.n, max_tokens=room if wanted is None else wanted, min_tokens=self.min_tokens,
                       stop=self.stop, stop_token_ids=self.stop_token_ids, seed=self.seed, ignore_eos=self.ignore_eos)
         for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
                               ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
@@ -72,10 +73,10 @@ class SamplingFields(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = None
 
     def requested_max_tokens(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
 
 
 class CompletionRequest(SamplingFields):

@@ -1,10 +1,16 @@
-"""A seeded customer-service workload: sessions that share one system prompt and resend their
-whole history every turn. Used by the benchmark and by the prefix-caching tests."""
+"""Simulated customers: bounded chats that share the product's customer-service system prompt and
+resend their whole history every turn, so one visitor can watch batching and the prefix cache.
+The same seeded workload drives the benchmarks and the prefix-caching tests."""
 from __future__ import annotations
 
+import asyncio
 import random
+import uuid
 
-SYSTEM_PROMPT = (
+from engine.client import EngineClient
+from engine.sampling_params import SamplingParams
+
+CUSTOMER_SERVICE_PROMPT = (
     "You are Sam, the customer service assistant of Northwind Outfitters, an online shop for outdoor "
     "clothing, tents, backpacks and camping gear. Answer politely, briefly and accurately. Our policies: "
     "orders ship within two business days from our warehouse in Denver, Colorado; standard shipping takes "
@@ -46,3 +52,35 @@ def user_turns(session: int, turns: int, seed: int = 0) -> list[str]:
     first = (f"Hello, I need help with {rng.choice(_SUBJECTS)}. It {rng.choice(_ASKS)}. "
              f"I ordered it {rng.randint(2, 20)} days ago and I would really like this sorted out soon.")
     return [first] + [rng.choice(_FOLLOW_UPS) for _ in range(turns - 1)]
+
+
+_background: set[asyncio.Task] = set()  # running simulated chats (kept referenced until they end)
+
+
+def start_simulated_chats(client: EngineClient, n: int, turns: int = 3) -> int:
+    """Start n bounded chats on the running event loop; returns how many were started."""
+    n = max(1, min(int(n), 64))
+    for i in range(n):
+        task = asyncio.get_running_loop().create_task(simulated_chat(client, i, turns))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+    return n
+
+
+async def simulated_chat(client: EngineClient, index: int, turns: int = 3) -> None:
+    """One customer: the shared system prompt, a growing history, then it leaves."""
+    tok = client.info.tokenizer
+    messages = [{"role": "system", "content": CUSTOMER_SERVICE_PROMPT}]
+    params = SamplingParams(temperature=0.7, max_tokens=64, seed=index)
+    session = f"sim-{uuid.uuid4().hex[:8]}"
+    for text in user_turns(index, turns, seed=int(uuid.uuid4().int % 1000)):
+        messages.append({"role": "user", "content": text})
+        ids = tok.encode(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                         add_special_tokens=False)
+        reply = ""
+        try:
+            async for out in client.generate(ids, params, session_id=session):
+                reply = out.outputs[0].text
+        except Exception:  # noqa: BLE001 - a simulated customer just leaves
+            return
+        messages.append({"role": "assistant", "content": reply})

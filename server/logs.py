@@ -5,6 +5,8 @@ import json
 import logging
 import time
 
+request_log = logging.getLogger("pagedchat.requests")
+
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -34,3 +36,20 @@ def add_logging_args(parser) -> None:
     parser.add_argument("--log-format", choices=("text", "json"), default="text")
     parser.add_argument("--log-message-text", action="store_true",
                         help="include prompts and completions in request logs (off: never logged)")
+
+
+def log_request(request_id: str | None, session: str | None, final, prompt_len: int, log_text: bool,
+                prompt=None) -> None:
+    """One structured line per finished request; the message text only when asked for."""
+    if final is None:
+        return
+    out, m = final.outputs[0], final.metrics
+    record = {"event": "request_finished", "request_id": request_id, "engine_request_id": final.request_id,
+              "session": session, "prompt_tokens": prompt_len, "cached_tokens": final.num_cached_tokens,
+              "completion_tokens": len(out.token_ids), "finish_reason": out.finish_reason,
+              "ttft_s": round(m.time_to_first_token, 4) if m and m.first_token_time else None,
+              "e2e_s": round((m.finished_time or m.arrival_time) - m.arrival_time, 4) if m else None}
+    if log_text:
+        record["prompt"] = prompt
+        record["completion"] = out.text
+    request_log.info(json.dumps(record))

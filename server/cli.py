@@ -1,0 +1,59 @@
+"""`python -m server`: the OpenAI-compatible server alone (an engine pod), and the flags that
+app.py shares with it.
+
+    python -m server --model PATH --host 127.0.0.1 --port 8000
+    from server.cli import run_server; run_server(model=..., port=8000)
+"""
+from __future__ import annotations
+
+import argparse
+
+from engine.config import EngineConfig, add_engine_args, config_from_args
+from server.logs import add_logging_args, setup_logging
+
+
+def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
+    """Flags of every HTTP front: where to listen, the API key, the served name, logging."""
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 only inside a container)")
+    parser.add_argument("--port", type=int, default=port)
+    parser.add_argument("--api-key", default=None, help="require this Bearer token on /v1")
+    parser.add_argument("--served-model-name", default=None)
+    add_logging_args(parser)
+
+
+def serve(app, host: str, port: int, on_exit, log_level: str = "warning") -> None:
+    """uvicorn with a 30 s drain on shutdown; on_exit() runs however it ends."""
+    import uvicorn
+
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+    finally:
+        on_exit()
+
+
+def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+               served_model_name: str | None = None, log_level: str = "info", log_format: str = "text",
+               log_text: bool = False, **engine_options) -> None:
+    """Load the model in the background and serve; /health says 503 until it is ready."""
+    from engine.async_llm import AsyncLLM
+    from server.routes import create_app
+
+    setup_logging(log_format)
+    llm = AsyncLLM(EngineConfig(model=model, **engine_options))
+    app = create_app(llm, api_key=api_key, served_model_name=served_model_name, log_text=log_text)
+    serve(app, host, port, llm.shutdown, log_level)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m server", description="pagedchat OpenAI-compatible server")
+    add_engine_args(parser)
+    add_server_args(parser, port=8000)
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+    options = {k: v for k, v in config.__dict__.items() if k != "model"}
+    run_server(config.model, host=args.host, port=args.port, api_key=args.api_key,
+               served_model_name=args.served_model_name, log_format=args.log_format,
+               log_text=args.log_message_text, **options)

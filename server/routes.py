@@ -1,0 +1,248 @@
+"""The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize,
+/detokenize, /health, /metrics. Handlers are thin: they validate, render the prompt, and hand the
+request to whatever EngineClient the app was built with (in-process or remote)."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from engine.client import ContextLengthError, EngineClient, EngineDeadError, EngineOverloadedError, ModelInfo
+from server.logs import log_request
+from server.middleware import RequestIdMiddleware
+from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
+                             TokenizeRequest, error_body, new_id, now, usage)
+from server.streaming import (APIError, bad_request, chat_events, collect, completion_events, finish_reason, sse,
+                              started)
+
+PROMETHEUS = "text/plain; version=0.0.4"
+
+
+@dataclass
+class Settings:
+    api_key: str | None = None
+    served_model_name: str | None = None
+    log_text: bool = False  # log prompts and completions (off: never logged)
+
+
+def create_app(client: EngineClient, *, api_key: str | None = None, served_model_name: str | None = None,
+               log_text: bool = False) -> FastAPI:
+    app = FastAPI(title="pagedchat", docs_url=None, redoc_url=None)
+    app.add_middleware(RequestIdMiddleware)
+    app.state.client = client
+    app.state.settings = Settings(api_key, served_model_name, log_text)
+    app.include_router(router)
+    for error, handler in ERROR_HANDLERS.items():
+        app.add_exception_handler(error, handler)
+    return app
+
+
+# ---- dependencies -------------------------------------------------------------------------
+def engine_client(request: Request) -> EngineClient:
+    return request.app.state.client
+
+
+def model_info(request: Request) -> ModelInfo:
+    """The loaded model's facts, or 503 while loading / after a crash."""
+    client = engine_client(request)
+    if not client.ready or client.info is None:
+        raise APIError(503, client.error or "the model is still loading", "service_unavailable")
+    return client.info
+
+
+def served_name(request: Request, info: ModelInfo) -> str:
+    return request.app.state.settings.served_model_name or info.name
+
+
+async def check_key(request: Request) -> None:
+    key = request.app.state.settings.api_key
+    if key and request.headers.get("authorization", "") != f"Bearer {key}":
+        raise APIError(401, "missing or invalid API key", "authentication_error", code="invalid_api_key")
+
+
+def check_model(request: Request, info: ModelInfo, name: str | None) -> None:
+    served = served_name(request, info)
+    if name and name != served:
+        raise APIError(404, f"The model `{name}` does not exist; this server serves `{served}`.",
+                       "NotFoundError", "model", "model_not_found")
+
+
+# ---- routes -------------------------------------------------------------------------------
+router = APIRouter()
+guarded = [Depends(check_key)]
+
+
+@router.get("/health")
+async def health(request: Request):
+    client = engine_client(request)
+    if client.ready:
+        return {"status": "ok"}
+    return JSONResponse({"status": client.state, "error": client.error}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    return Response(engine_client(request).metrics_text(), media_type=PROMETHEUS)
+
+
+@router.get("/v1/models", dependencies=guarded)
+async def models(request: Request):
+    info = model_info(request)
+    return {"object": "list", "data": [{"id": served_name(request, info), "object": "model", "created": now(),
+                                        "owned_by": "pagedchat", "max_model_len": info.max_model_len}]}
+
+
+@router.post("/tokenize", dependencies=guarded)
+async def tokenize(body: TokenizeRequest, request: Request):
+    info = model_info(request)
+    check_model(request, info, body.model)
+    if body.messages is not None:
+        ids = await asyncio.to_thread(render_chat, info, body)
+    elif body.prompt is not None:
+        ids = await asyncio.to_thread(info.tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens)
+    else:
+        raise bad_request("give `prompt` or `messages`", "prompt")
+    return {"count": len(ids), "max_model_len": info.max_model_len, "tokens": ids}
+
+
+@router.post("/detokenize", dependencies=guarded)
+async def detokenize(body: DetokenizeRequest, request: Request):
+    info = model_info(request)
+    check_model(request, info, body.model)
+    if any(t < 0 or t >= info.vocab_size for t in body.tokens):
+        raise bad_request(f"token ids must be in [0, {info.vocab_size})", "tokens")
+    return {"prompt": info.tokenizer.decode(body.tokens)}
+
+
+@router.post("/v1/chat/completions", dependencies=guarded)
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    info = model_info(request)
+    check_model(request, info, body.model)
+    ids = await asyncio.to_thread(render_chat, info, body)
+    params = sampling(info, body, ids)
+    rid, created, name = new_id("chatcmpl"), now(), served_name(request, info)
+    stream = engine_client(request).generate(ids, params, request_id=rid, priority=body.priority,
+                                             session_id=request.headers.get("x-session-id"))
+    on_finish = finish_logger(request, len(ids), body.messages)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse(chat_events(await started(stream), rid, name, created, len(ids), include_usage,
+                               body.return_token_ids, on_finish))
+    final = await collect(stream, request)
+    on_finish(final)
+    out = final.outputs[0]
+    choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
+              "finish_reason": finish_reason(out)}
+    if body.return_token_ids:
+        choice["token_ids"] = out.token_ids
+    return {"id": rid, "object": "chat.completion", "created": created, "model": name, "choices": [choice],
+            "usage": usage(len(ids), len(out.token_ids), final.num_cached_tokens)}
+
+
+@router.post("/v1/completions", dependencies=guarded)
+async def completions(body: CompletionRequest, request: Request):
+    info = model_info(request)
+    check_model(request, info, body.model)
+    prompts = [p if isinstance(p, list) else await asyncio.to_thread(info.tokenizer.encode, p)
+               for p in body.prompts()]
+    if not prompts:
+        raise bad_request("prompt is empty", "prompt")
+    params = [sampling(info, body, ids) for ids in prompts]
+    rid, created, name = new_id("cmpl"), now(), served_name(request, info)
+    client, session = engine_client(request), request.headers.get("x-session-id")
+    if body.stream:
+        if len(prompts) != 1:
+            raise bad_request("streaming takes a single prompt", "prompt")
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        stream = client.generate(prompts[0], params[0], request_id=rid, priority=body.priority, session_id=session)
+        return sse(completion_events(await started(stream), rid, name, created, len(prompts[0]), include_usage,
+                                     body.return_token_ids, finish_logger(request, len(prompts[0]), body.prompt)))
+    finals = await asyncio.gather(*(
+        collect(client.generate(ids, p, request_id=f"{rid}-{i}", priority=body.priority, session_id=session), request)
+        for i, (ids, p) in enumerate(zip(prompts, params))))
+    choices, completion_tokens, cached = [], 0, 0
+    for i, final in enumerate(finals):
+        finish_logger(request, len(prompts[i]), body.prompt)(final)
+        out = final.outputs[0]
+        text = (info.tokenizer.decode(prompts[i]) if body.echo else "") + out.text
+        choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason(out)})
+        if body.return_token_ids:
+            choices[-1]["token_ids"] = out.token_ids
+        completion_tokens += len(out.token_ids)
+        cached += final.num_cached_tokens
+    return {"id": rid, "object": "text_completion", "created": created, "model": name, "choices": choices,
+            "usage": usage(sum(map(len, prompts)), completion_tokens, cached)}
+
+
+# ---- helpers ------------------------------------------------------------------------------
+def render_chat(info: ModelInfo, body) -> list[int]:
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:
+        text = info.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001 - the template's own complaint is the clearest message
+        raise bad_request(f"the chat template rejected these messages: {e}", "messages") from None
+    return info.tokenizer.encode(text, add_special_tokens=False)
+
+
+def sampling(info: ModelInfo, body: SamplingFields, ids: list[int]):
+    """SamplingParams for one prompt; max_tokens defaults to the room left in the context. A prompt
+    that leaves no room at all is refused by the engine (ContextLengthError)."""
+    limit, wanted = info.max_model_len, body.requested_max_tokens()
+    if wanted is not None and len(ids) < limit < len(ids) + wanted:
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
+                          f"{len(ids) + wanted} tokens ({len(ids)} in the prompt, {wanted} for the completion).",
+                          "max_tokens")
+    try:
+        return body.sampling_params(room=max(limit - len(ids), 1))
+    except ValueError as e:
+        raise bad_request(str(e), _param_of(str(e))) from None
+
+
+def finish_logger(request: Request, prompt_len: int, prompt):
+    def on_finish(final) -> None:
+        log_request(getattr(request.state, "request_id", None), request.headers.get("x-session-id"), final,
+                    prompt_len, request.app.state.settings.log_text, prompt)
+    return on_finish
+
+
+def _param_of(message: str) -> str | None:
+    word = message.split(" ", 1)[0]
+    return word if word.isidentifier() else None
+
+
+# ---- errors, all in OpenAI's shape --------------------------------------------------------
+async def _api_error(_: Request, e: APIError):
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status)
+
+
+async def _validation_error(_: Request, e: RequestValidationError):
+    first = e.errors()[0] if e.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    msg = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
+                    for err in e.errors()[:5])
+    return JSONResponse(error_body(msg or "invalid request", "invalid_request_error", where), status_code=400)
+
+
+async def _context_length(request: Request, e: ContextLengthError):
+    param = "messages" if e.field == "prompt" and request.url.path.endswith("chat/completions") else e.field
+    return JSONResponse(error_body(str(e), "invalid_request_error", param), status_code=400)
+
+
+async def _overloaded(_: Request, e: EngineOverloadedError):
+    return JSONResponse(error_body(str(e), "service_unavailable", code="overloaded"), status_code=503)
+
+
+async def _dead(_: Request, e: EngineDeadError):
+    return JSONResponse(error_body(str(e), "service_unavailable"), status_code=503)
+
+
+async def _invalid(_: Request, e: ValueError):
+    return JSONResponse(error_body(str(e), "invalid_request_error", _param_of(str(e))), status_code=400)
+
+
+ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _validation_error,
+                  ContextLengthError: _context_length, EngineOverloadedError: _overloaded, EngineDeadError: _dead,
+                  ValueError: _invalid}

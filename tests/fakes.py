@@ -1,0 +1,80 @@
+"""A fake EngineClient for the fast tier: the server's routes and the UI's handlers run against it
+without a model. It replies with scripted tokens, records what it was asked, and can refuse."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from engine.client import ContextLengthError, ModelInfo
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.sampling_params import SamplingParams
+
+
+class FakeEngineClient:
+    def __init__(self, tokenizer, *, max_model_len: int = 512, reply: str = " Your parcel ships today.",
+                 name: str = "fake-model") -> None:
+        self.state, self.error = "ready", None
+        self.info = ModelInfo(name, None, tokenizer, max_model_len, len(tokenizer), "cpu", "float32", "none")
+        self.reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+        self.requests: list[dict] = []  # every admitted request: prompt, params, request_id, session_id
+        self.aborted: list[str] = []
+        self.refuse_with: Exception | None = None  # raised at admission when set
+        self.gate: asyncio.Event | None = None  # when set, each token waits for it (a slow engine)
+        self.switches: list[tuple] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self.ready
+
+    async def generate(self, prompt, params: SamplingParams, *, request_id=None, priority=0, session_id=None):
+        ids = list(prompt) if not isinstance(prompt, str) else self.info.tokenizer.encode(prompt)
+        if self.refuse_with is not None:
+            raise self.refuse_with
+        if len(ids) >= self.info.max_model_len:
+            raise ContextLengthError(f"prompt is {len(ids)} tokens but max_model_len is {self.info.max_model_len}",
+                                     "prompt")
+        request_id = request_id or f"fake-{len(self.requests)}"
+        self.requests.append({"prompt": ids, "params": params, "request_id": request_id, "session_id": session_id})
+        tokens = self.reply_ids[:params.max_tokens] if params.max_tokens else self.reply_ids
+        arrival, done = time.time(), False
+        try:
+            for n in range(1, len(tokens) + 1):
+                if self.gate is not None:
+                    await self.gate.wait()
+                await asyncio.sleep(0)
+                finished = n == len(tokens)
+                reason = None if not finished else ("length" if n == params.max_tokens else "stop")
+                text = self.info.tokenizer.decode(tokens[:n])
+                previous = self.info.tokenizer.decode(tokens[:n - 1])
+                metrics = RequestMetrics(arrival, arrival, arrival + 0.01, time.time() if finished else None)
+                yield RequestOutput(request_id, None, ids, [CompletionOutput(0, text, tokens[:n], reason)],
+                                    finished, num_cached_tokens=0, metrics=metrics, delta_text=text[len(previous):],
+                                    delta_token_ids=[tokens[n - 1]])
+            done = True
+        finally:
+            if not done:
+                self.aborted.append(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def snapshot(self) -> dict | None:
+        return None
+
+    def metrics_text(self) -> bytes:
+        return b"# fake\n"
+
+    def quantization_choices(self, model):
+        return ["none", "int8"]
+
+    def switch_model(self, model, quantization) -> str:
+        self.switches.append((model, quantization))
+        if model == "broken":
+            raise ValueError("could not load broken: not a model")
+        return f"loaded {model}"
+
+    def shutdown(self) -> None:
+        self.state = "dead"

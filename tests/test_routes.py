@@ -1,0 +1,118 @@
+"""Fast tier: the HTTP routes against a fake EngineClient (no model): response and error shapes,
+streaming framing, what the engine is asked for."""
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.client import EngineDeadError, EngineOverloadedError
+from server.routes import create_app
+from tests.fakes import FakeEngineClient
+
+HELLO = [{"role": "user", "content": "Where is my parcel?"}]
+
+
+@pytest.fixture
+def fake(smol_tokenizer):
+    return FakeEngineClient(smol_tokenizer)
+
+
+@pytest.fixture
+def http(fake):
+    return TestClient(create_app(fake))
+
+
+def test_chat_completion_renders_the_template_and_reports_usage(fake, http, smol_tokenizer):
+    r = http.post("/v1/chat/completions", json={"model": "fake-model", "messages": HELLO, "max_tokens": 50},
+                  headers={"X-Session-Id": "chat-7"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    asked = fake.requests[-1]
+    expected_prompt = smol_tokenizer.encode(smol_tokenizer.apply_chat_template(
+        HELLO, tokenize=False, add_generation_prompt=True), add_special_tokens=False)
+    assert asked["prompt"] == expected_prompt and asked["session_id"] == "chat-7"
+    assert asked["params"].max_tokens == 50 and asked["request_id"] == body["id"]
+    assert body["object"] == "chat.completion" and body["model"] == "fake-model"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": " Your parcel ships today."}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["prompt_tokens"] == len(expected_prompt)
+    assert body["usage"]["completion_tokens"] == len(fake.reply_ids)
+
+
+def test_max_tokens_defaults_to_the_room_left(fake, http):
+    http.post("/v1/completions", json={"prompt": [1, 2, 3]})
+    assert fake.requests[-1]["params"].max_tokens == fake.info.max_model_len - 3
+
+
+def test_stream_framing_role_deltas_finish_usage_done(http, fake):
+    with http.stream("POST", "/v1/chat/completions", json={"messages": HELLO, "stream": True, "max_tokens": 3,
+                                                           "stream_options": {"include_usage": True}}) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    deltas = [e["choices"][0]["delta"].get("content", "") for e in events[1:-2]]
+    assert "".join(deltas) == fake.info.tokenizer.decode(fake.reply_ids[:3])
+    assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-2]["choices"][0]["delta"] == {}
+    assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 3
+    assert len({e["id"] for e in events}) == 1
+
+
+def test_completions_echo_token_ids_and_several_prompts(http, fake):
+    r = http.post("/v1/completions", json={"prompt": ["Hello", "Bye"], "max_tokens": 2, "echo": True,
+                                           "return_token_ids": True})
+    choices = r.json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    assert choices[0]["text"].startswith("Hello") and choices[1]["text"].startswith("Bye")
+    assert choices[0]["token_ids"] == fake.reply_ids[:2]
+
+
+@pytest.mark.parametrize("refusal, status, code", [
+    (EngineOverloadedError("engine overloaded: 9 waiting"), 503, "overloaded"),
+    (EngineDeadError("engine loop crashed"), 503, None),
+    (ValueError("temperature must be a number >= 0, got -1."), 400, None),
+])
+def test_engine_refusals_become_openai_errors(fake, http, refusal, status, code):
+    fake.refuse_with = refusal
+    for stream in (False, True):
+        r = http.post("/v1/chat/completions", json={"messages": HELLO, "stream": stream})
+        assert r.status_code == status
+        error = r.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["code"] == code
+        assert str(refusal) in error["message"]
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "refund " * 600}]}, "messages"),
+    ("/v1/completions", {"prompt": list(range(1, 600))}, "prompt"),
+    ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 5000}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": HELLO, "top_p": 0}, "top_p"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/completions", {"prompt": [], "max_tokens": 3}, "prompt"),
+])
+def test_bad_requests_name_the_field(http, path, body, param):
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"].startswith(param), error
+
+
+def test_unknown_model_loading_engine_and_api_key(fake, smol_tokenizer):
+    http = TestClient(create_app(fake, api_key="k", served_model_name="support-bot"))
+    assert http.post("/v1/chat/completions", json={"messages": HELLO}).status_code == 401
+    auth = {"Authorization": "Bearer k"}
+    assert http.get("/v1/models", headers=auth).json()["data"][0]["id"] == "support-bot"
+    r = http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": HELLO}, headers=auth)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert http.get("/metrics").text == "# fake\n"
+    fake.state, fake.error = "loading", "the model is still loading"
+    assert http.get("/health").status_code == 503
+    r = http.post("/v1/chat/completions", json={"messages": HELLO}, headers=auth)
+    assert r.status_code == 503 and "loading" in r.json()["error"]["message"]
+
+
+def test_request_id_is_echoed(http):
+    r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, headers={"X-Request-Id": "abc"})
+    assert r.headers["x-request-id"] == "abc"
+    assert http.get("/health").headers["x-request-id"].startswith("req-")

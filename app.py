@@ -30,6 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--db", default="pagedchat.db", help="SQLite file for users, chats and messages")
     p.add_argument("--auth", action="append", default=[], metavar="USER:PASSWORD",
                    help="require a login (repeatable); without it each browser is its own user")
+    p.add_argument("--admin", action="append", default=[], metavar="USER",
+                   help="an --auth user who operates: switches models, simulates load, reviews rated replies "
+                        "(repeatable; without it nobody sees those controls)")
     p.add_argument("--secret", default=os.environ.get("PAGEDCHAT_SECRET"),
                    help="signs the per-browser user id (default: one made once and kept in the database)")
     p.add_argument("--models", action="append", default=[], metavar="PATH",
@@ -79,12 +82,15 @@ def build_app(args: argparse.Namespace):
 
     store = Store(args.db)
     users = parse_auth(args.auth)
+    unknown = set(args.admin) - {name for name, _ in users}
+    if unknown:
+        raise ValueError(f"--admin names users who log in with --auth; not among them: {', '.join(sorted(unknown))}")
     config = config_from_args(args)
     client = make_client(config, args.engine_url, args.api_key)
     api = create_app(client, api_key=args.api_key, served_model_name=args.served_model_name,
                      log_text=args.log_message_text)
     demo = build_ui(client, store, models=model_choices(config, args.models), quantization=config.quantization,
-                    secret=args.secret or store.secret())
+                    operators=set(args.admin), secret=args.secret or store.secret())
     app = gr.mount_gradio_app(api, demo, path="/", auth=users or None, footer_links=[], run_history=False)
     return app, client
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from engine.outputs import RequestOutput
@@ -54,6 +54,13 @@ class ModelInfo:
     device: str
     dtype: str
     quantization: str
+    sampling_defaults: dict = field(default_factory=dict)  # the model's own (vLLM: generation config)
+    sampling_source: str = "pagedchat's defaults"  # where sampling_defaults come from, in words
+
+    def default_sampling(self, **overrides) -> SamplingParams:
+        """SamplingParams with the model's defaults, then `overrides` (None values are ignored)."""
+        values = {**self.sampling_defaults, **{k: v for k, v in overrides.items() if v is not None}}
+        return SamplingParams(**values)
 
 
 @runtime_checkable

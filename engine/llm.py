@@ -16,12 +16,18 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The model's own defaults (generation_config.json, else its card), as vLLM's LLM gives them."""
+        return self.engine.model_info(self.engine.config.model).default_sampling()
+
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
                  priority: list[int] | None = None) -> list[RequestOutput]:
         """prompts: a string, a list of strings, or a list of token-id lists."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         priority = priority or [0] * len(prompts)
         if len(params) != len(prompts) or len(priority) != len(prompts):

@@ -12,7 +12,7 @@ import psutil
 import torch
 
 from engine.checkpoint.load import build_model, quant_spec
-from engine.checkpoint.source import load_config_and_tokenizer, resolve_model
+from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, sampling_defaults
 from engine.client import BlockState, ContextLengthError, EngineOverloadedError, ModelInfo
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
@@ -241,8 +241,9 @@ class LLMEngine:
         self.kv.reset_prefix_cache()
 
     def model_info(self, model: str | None) -> ModelInfo:
+        defaults, source = sampling_defaults(self.source)
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
-                         str(self.device), str(self.dtype).removeprefix("torch."), self.quantization)
+                         str(self.device), str(self.dtype).removeprefix("torch."), self.quantization, defaults, source)
 
     def snapshot(self) -> dict:
         """What the live panel shows: stats, every block's BlockState and owner (the request's

@@ -59,15 +59,16 @@ class SamplingFields(BaseModel):
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
 
-    def sampling_params(self, room: int) -> SamplingParams:
-        """`room`: tokens left in the context after the prompt (the default for max_tokens)."""
+    def sampling_params(self, room: int, defaults: dict) -> SamplingParams:
+        """`room`: tokens left in the context after the prompt (the default for max_tokens);
+        `defaults`: the model's own sampling defaults, for fields the request leaves out (as vLLM)."""
         wanted = self.requested_max_tokens()
         values = dict(n=self.n, max_tokens=room if wanted is None else wanted, min_tokens=self.min_tokens,
                       stop=self.stop, stop_token_ids=self.stop_token_ids, seed=self.seed, ignore_eos=self.ignore_eos)
         for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
                               ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
             value = getattr(self, name)
-            values[name] = default if value is None else value
+            values[name] = defaults.get(name, default) if value is None else value
         return SamplingParams(**values)
 
 

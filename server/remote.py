@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 
-from engine.checkpoint.source import load_config_and_tokenizer, resolve_model
+from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, sampling_defaults
 from engine.client import EngineDeadError, EngineOverloadedError, ModelInfo
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -55,7 +55,9 @@ class RemoteLLM:
 
     def _poll(self) -> None:
         try:
-            config, tokenizer = load_config_and_tokenizer(resolve_model(self._model))
+            source = resolve_model(self._model)
+            config, tokenizer = load_config_and_tokenizer(source)
+            defaults, where = sampling_defaults(source)
         except Exception as e:  # noqa: BLE001 - nothing can be rendered without the tokenizer
             self._set("dead", f"could not load the tokenizer of {self._model or 'the default model'}: {e}")
             return
@@ -67,7 +69,7 @@ class RemoteLLM:
                         served = http.get(f"{self.url}/models").json()["data"][0]
                         self._info = ModelInfo(served["id"], self._model, tokenizer,
                                                served.get("max_model_len", 8192), config.vocab_size,
-                                               f"remote ({self.url})", "remote", "remote")
+                                               f"remote ({self.url})", "remote", "remote", defaults, where)
                 except (httpx.HTTPError, KeyError, ValueError, IndexError):
                     ok = False
                 self._set("ready" if ok else "dead", None if ok else f"the engine at {self.url} is not answering")

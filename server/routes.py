@@ -196,7 +196,7 @@ def sampling(info: ModelInfo, body: SamplingFields, ids: list[int]):
                           f"{len(ids) + wanted} tokens ({len(ids)} in the prompt, {wanted} for the completion).",
                           "max_tokens")
     try:
-        return body.sampling_params(room=max(limit - len(ids), 1))
+        return body.sampling_params(room=max(limit - len(ids), 1), defaults=info.sampling_defaults)
     except ValueError as e:
         raise bad_request(str(e), _param_of(str(e))) from None
 

@@ -21,7 +21,16 @@ def m001_initial(db: sqlite_utils.Database) -> None:
     db["settings"].create({"key": str, "value": str}, pk="key")
 
 
-MIGRATIONS = [m001_initial]
+def m002_feedback_branches_trims(db: sqlite_utils.Database) -> None:
+    """Thumbs up/down (+1 / -1) with a comment on replies; `replaced`: when an edit branched the
+    conversation away from this message (kept, not shown); `trimmed_turns`: history messages left
+    out of this turn's prompt to fit the model's context."""
+    for name, kind in (("feedback", int), ("feedback_comment", str), ("feedback_at", float), ("replaced", float),
+                       ("trimmed_turns", int)):
+        db["messages"].add_column(name, kind)
+
+
+MIGRATIONS = [m001_initial, m002_feedback_branches_trims]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

@@ -107,7 +107,8 @@ class Store:
         row = {"session_id": session_id, "role": role, "content": content,
                "token_ids": json.dumps(token_ids or []), "created": time.time()}
         row.update({k: v for k, v in stats.items() if k in (
-            "model", "finish_reason", "prompt_tokens", "cached_tokens", "generated_tokens", "ttft", "tokens_per_s")})
+            "model", "finish_reason", "prompt_tokens", "cached_tokens", "generated_tokens", "ttft", "tokens_per_s",
+            "trimmed_turns", "created")})
         with self._db() as db:
             if not self._owned(db, user_id, session_id):
                 raise StoreError(f"session {session_id} does not belong to this user")
@@ -116,10 +117,11 @@ class Store:
         return message_id
 
     def messages(self, user_id: str, session_id: str) -> list[dict]:
+        """The conversation as it stands (messages an edit branched away from are left out)."""
         with self._db() as db:
             if not self._owned(db, user_id, session_id):
                 return []
-            rows = list(db["messages"].rows_where("session_id = ?", [session_id], order_by="id"))
+            rows = list(db["messages"].rows_where("session_id = ? and replaced is null", [session_id], order_by="id"))
         for row in rows:
             row["token_ids"] = json.loads(row["token_ids"] or "[]")
         return rows
@@ -129,6 +131,54 @@ class Store:
         with self._db() as db:
             if self._owned(db, user_id, session_id):
                 db.conn.execute("delete from messages where session_id = ? and id >= ?", [session_id, message_id])
+
+    def branch_from(self, user_id: str, session_id: str, message_id: int) -> None:
+        """Set a message and everything after it aside (edit and resend): kept in the database, no
+        longer part of the conversation."""
+        with self._db() as db:
+            if self._owned(db, user_id, session_id):
+                db.conn.execute("update messages set replaced = ? where session_id = ? and id >= ? and replaced is null",
+                                [time.time(), session_id, message_id])
+
+    def set_feedback(self, user_id: str, session_id: str, message_id: int, value: int | None,
+                     comment: str | None = None) -> None:
+        """+1 / -1 / None (cleared) on one of the user's replies; a comment replaces the last one."""
+        with self._db() as db:
+            if not self._owned(db, user_id, session_id):
+                raise StoreError(f"session {session_id} does not belong to this user")
+            db.conn.execute("update messages set feedback = ?, feedback_comment = coalesce(?, feedback_comment), "
+                            "feedback_at = ? where id = ? and session_id = ? and role = 'assistant'",
+                            [value, comment, time.time(), message_id, session_id])
+
+    def rated_replies(self) -> list[dict]:
+        """Every rated reply with its conversation (operators only: the caller checks), newest first."""
+        with self._db() as db:
+            rows = list(db.query(
+                "select m.id, m.session_id, s.user_id, s.title, m.feedback, m.feedback_comment, m.feedback_at, "
+                "m.content as reply, m.model from messages m join sessions s on s.id = m.session_id "
+                "where m.feedback is not null order by m.feedback_at desc"))
+            for row in rows:
+                row["conversation"] = [
+                    {"role": r["role"], "content": r["content"]} for r in db.query(
+                        "select role, content from messages where session_id = ? and id <= ? and replaced is null "
+                        "order by id", [row["session_id"], row["id"]])]
+        return rows
+
+    def import_session(self, user_id: str, title: str, system_prompt: str, messages: list[dict]) -> str:
+        """A new session holding `messages` (role, content, and optionally created, model, token_ids)."""
+        sid = self.create_session(user_id, title, system_prompt, messages[-1].get("model") or "")
+        for m in messages:
+            self.add_message(user_id, sid, m["role"], m["content"], m.get("token_ids") or [],
+                             model=m.get("model") or "", created=m.get("created") or time.time())
+        return sid
+
+    def delete_all_sessions(self, user_id: str) -> int:
+        with self._db() as db:
+            ids = [r["id"] for r in db["sessions"].rows_where("user_id = ?", [user_id], select="id")]
+            for sid in ids:
+                db.conn.execute("delete from messages where session_id = ?", [sid])
+            db.conn.execute("delete from sessions where user_id = ?", [user_id])
+        return len(ids)
 
     @staticmethod
     def _owned(db, user_id: str, session_id: str) -> bool:

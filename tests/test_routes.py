@@ -116,3 +116,14 @@ def test_request_id_is_echoed(http):
     r = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 1}, headers={"X-Request-Id": "abc"})
     assert r.headers["x-request-id"] == "abc"
     assert http.get("/health").headers["x-request-id"].startswith("req-")
+
+
+def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(fake, smol_tokenizer):
+    import dataclasses
+
+    fake.info = dataclasses.replace(fake.info, sampling_defaults={"temperature": 0.2, "top_p": 0.9})
+    http = TestClient(create_app(fake))
+    http.post("/v1/chat/completions", json={"messages": HELLO})
+    assert (fake.requests[-1]["params"].temperature, fake.requests[-1]["params"].top_p) == (0.2, 0.9)
+    http.post("/v1/chat/completions", json={"messages": HELLO, "temperature": 1.0, "top_p": 0.5})
+    assert (fake.requests[-1]["params"].temperature, fake.requests[-1]["params"].top_p) == (1.0, 0.5)

@@ -2,8 +2,10 @@
 turns stored with their token ids, stop keeps the partial reply, sessions stay their owner's."""
 import asyncio
 import contextlib
+import dataclasses
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 
 from engine.client import EngineOverloadedError
@@ -33,7 +35,7 @@ async def drain(gen):
 
 def test_a_turn_streams_then_stores_both_messages_with_token_ids(chat, fake):
     uid, sid = chat.current(None, None, tab("alice"))
-    updates = asyncio.run(drain(chat.send(uid, sid, "Where is my parcel?", 0.0, 1.0, 64, tab("alice"))))
+    updates = asyncio.run(drain(chat.send(uid, sid, "Where is my parcel?", 0.0, 1.0, 64, request=tab("alice"))))
     assert len(updates) > 3 and updates[-1][1] == ""  # streamed, then the box is cleared
     messages = chat.store.messages(uid, sid)
     assert [m["role"] for m in messages] == ["user", "assistant"]
@@ -45,9 +47,9 @@ def test_a_turn_streams_then_stores_both_messages_with_token_ids(chat, fake):
 
 def test_the_next_turn_starts_with_the_previous_turns_exact_tokens(chat, fake):
     uid, sid = chat.current(None, None, tab("alice"))
-    asyncio.run(drain(chat.send(uid, sid, "Hello", 0.0, 1.0, 64, tab("alice"))))
+    asyncio.run(drain(chat.send(uid, sid, "Hello", 0.0, 1.0, 64, request=tab("alice"))))
     first = fake.requests[-1]["prompt"] + fake.reply_ids
-    asyncio.run(drain(chat.send(uid, sid, "And a refund?", 0.0, 1.0, 64, tab("alice"))))
+    asyncio.run(drain(chat.send(uid, sid, "And a refund?", 0.0, 1.0, 64, request=tab("alice"))))
     assert fake.requests[-1]["prompt"][:len(first)] == first
 
 
@@ -56,7 +58,7 @@ def test_stop_mid_reply_aborts_and_keeps_the_partial_reply(chat, fake):
 
     async def scenario():
         fake.gate = asyncio.Event()
-        turn = chat.send(uid, sid, "Tell me a story", 0.0, 1.0, 64, tab("bob"))
+        turn = chat.send(uid, sid, "Tell me a story", 0.0, 1.0, 64, request=tab("bob"))
         fake.gate.set()
         await turn.__anext__()
         await turn.__anext__()
@@ -78,16 +80,16 @@ def test_stop_mid_reply_aborts_and_keeps_the_partial_reply(chat, fake):
 def test_a_refused_turn_keeps_the_text_and_stores_nothing(chat, fake):
     uid, sid = chat.current(None, None, tab("carol"))
     fake.refuse_with = EngineOverloadedError("engine overloaded")
-    updates = asyncio.run(drain(chat.send(uid, sid, "Hi there", 0.0, 1.0, 64, tab("carol"))))
+    updates = asyncio.run(drain(chat.send(uid, sid, "Hi there", 0.0, 1.0, 64, request=tab("carol"))))
     assert updates[-1][1] == "Hi there"
     assert chat.store.messages(uid, sid) == []  # not sent, so not stored: sending again makes no duplicate
 
 
 def test_regenerate_replaces_the_reply_with_the_same_prompt(chat, fake):
     uid, sid = chat.current(None, None, tab("alice"))
-    asyncio.run(drain(chat.send(uid, sid, "Opening hours?", 0.0, 1.0, 64, tab("alice"))))
+    asyncio.run(drain(chat.send(uid, sid, "Opening hours?", 0.0, 1.0, 64, request=tab("alice"))))
     before = chat.store.messages(uid, sid)
-    asyncio.run(drain(chat.regenerate(uid, sid, 0.5, 1.0, 64, tab("alice"))))
+    asyncio.run(drain(chat.regenerate(uid, sid, 0.5, 1.0, 64, request=tab("alice"))))
     after = chat.store.messages(uid, sid)
     assert len(after) == 2 and after[0] == before[0] and after[1]["created"] > before[1]["created"]
     assert fake.requests[-1]["prompt"] == fake.requests[-2]["prompt"]
@@ -103,11 +105,119 @@ def test_sessions_are_their_owners(chat):
 
 
 def test_operator_switch_reports_failure_and_success(fake):
-    operator = OperatorHandlers(fake, {"default": None, "broken": "broken"}, None)
+    operator = OperatorHandlers(fake, None, {"default": None, "broken": "broken"}, None, {"olga"})
     assert operator.initial_choices() == (["none", "int8"], "none")
 
-    async def statuses(label):
-        return [s async for s in operator.switch(label, "none")]
+    async def statuses(label, who="olga"):
+        return [s async for s in operator.switch(label, "none", tab(who))]
+
+    with pytest.raises(gr.Error, match="operators"):
+        asyncio.run(statuses("default", who="mallory"))
+    assert fake.switches == []
 
     assert "could not load broken" in asyncio.run(statuses("broken"))[-1]
     assert asyncio.run(statuses("default"))[-1].startswith("✅") and fake.switches[-1] == (None, "none")
+
+
+def test_feedback_is_stored_beside_the_reply_and_listed_for_operators(chat, fake):
+    uid, sid = chat.current(None, None, tab("alice"))
+    asyncio.run(drain(chat.send(uid, sid, "Where is my parcel?", 0.0, 1.0, 64, request=tab("alice"))))
+    rated_id, comment_row = chat.rate(uid, sid, gr.LikeData(None, {"index": 1, "value": "", "liked": False}),
+                                      tab("alice"))
+    assert comment_row["visible"] is True
+    chat.comment(uid, sid, rated_id, "It did not answer my question.", tab("alice"))
+    reply = chat.store.messages(uid, sid)[1]
+    assert reply["feedback"] == -1 and reply["feedback_comment"] == "It did not answer my question."
+    assert chat.marks(uid, sid, tab("alice"))["feedback_value"] == ["Dislike"]  # survives a reload
+    operator = OperatorHandlers(fake, chat.store, {"m": None}, None, {"olga"})
+    rows = operator.feedback_table(tab("olga"))
+    assert rows[0][1:5] == ["down", "It did not answer my question.", "login:alice", "Where is my parcel?"]
+    with pytest.raises(gr.Error):
+        operator.feedback_table(tab("alice"))  # a visitor cannot read other people's chats
+    jsonl = open(operator.feedback_jsonl(tab("olga"))).read().splitlines()
+    assert '"role": "user"' in jsonl[0] and "Where is my parcel?" in jsonl[0]
+    assert "It did not answer" in open(operator.feedback_csv(tab("olga"))).read()
+
+
+def test_an_exported_chat_imports_back_identical(chat):
+    uid, sid = chat.current(None, None, tab("alice"))
+    for text in ("Hello", "Can I get a refund?"):
+        asyncio.run(drain(chat.send(uid, sid, text, 0.0, 1.0, 64, request=tab("alice"))))
+    exported = chat.export_json(uid, sid, tab("alice"))
+    assert "**Customer**" in open(chat.export_markdown(uid, sid, tab("alice"))).read()
+    _, new_sid, *_ = chat.import_chat(uid, exported, tab("alice"))
+    assert new_sid != sid
+    keys = ("role", "content", "token_ids", "model", "created")
+    assert [[m[k] for k in keys] for m in chat.store.messages(uid, new_sid)] == \
+        [[m[k] for k in keys] for m in chat.store.messages(uid, sid)]
+    assert chat.store.session(uid, new_sid)["system_prompt"] == chat.store.session(uid, sid)["system_prompt"]
+
+
+@pytest.mark.parametrize("content, complaint", [
+    ("{not json", "not a JSON file"), ('{"format": "other"}', "not a pagedchat chat export"),
+    ('{"format": "pagedchat.chat/1", "messages": [{"role": "system", "content": "x"}]}', "role"),
+    ('{"format": "pagedchat.chat/1", "messages": [{"role": "user", "content": "x", "token_ids": [-1]}]}', "token_ids"),
+])
+def test_a_bad_import_is_refused_with_the_reason(chat, tmp_path, content, complaint, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    uid, _ = chat.current(None, None, tab("alice"))
+    path = tmp_path / "chat.json"
+    path.write_text(content)
+    before = chat.store.sessions(uid)
+    chat.import_chat(uid, str(path), tab("alice"))
+    assert chat.store.sessions(uid) == before and complaint in warnings[0]
+
+
+def test_delete_all_removes_only_this_users_chats(chat):
+    alice, _ = chat.current(None, None, tab("alice"))
+    chat.new_chat(alice, "", tab("alice"))
+    bob, bob_sid = chat.current(None, None, tab("bob"))
+    *_, confirm_row = chat.delete_all(alice, tab("alice"))
+    assert confirm_row["visible"] is False
+    assert len(chat.store.sessions(alice)) == 1 and chat.store.messages(alice, chat.store.sessions(alice)[0]["id"]) == []
+    assert chat.store.session(bob, bob_sid) is not None
+
+
+def test_edit_and_resend_branches_and_keeps_the_untouched_prefix(chat, fake):
+    uid, sid = chat.current(None, None, tab("alice"))
+    for text in ("First question", "Second question", "Third question"):
+        asyncio.run(drain(chat.send(uid, sid, text, 0.0, 1.0, 64, request=tab("alice"))))
+    turn0 = fake.requests[0]["prompt"] + fake.reply_ids
+    edit = gr.EditData(None, {"index": 2, "value": "Second question, reworded\n\n<sub>12:00</sub>",
+                              "previous_value": "Second question"})
+    asyncio.run(drain(chat.edit_from_here(uid, sid, 0.0, 1.0, 64, 1.1, edit, tab("alice"))))
+    messages = chat.store.messages(uid, sid)
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["First question", "Second question, reworded"]
+    assert fake.requests[-1]["prompt"][:len(turn0)] == turn0  # turn 0 is still a cached prefix
+    with chat.store._db() as db:  # the dropped turns are kept as a branch
+        kept = [r["content"] for r in db.query("select content from messages where replaced is not null")]
+    assert "Third question" in kept and "Second question" in kept
+
+
+def test_a_long_conversation_drops_its_oldest_turns_and_says_so(smol_tokenizer, tmp_path):
+    fake = FakeEngineClient(smol_tokenizer, max_model_len=256)
+    chat = ChatHandlers(fake, Store(str(tmp_path / "chat.db")))
+    uid, sid = chat.current(None, None, tab("alice"))
+    chat.store.update_session(uid, sid, system_prompt="Be brief.")
+    for i in range(10):
+        asyncio.run(drain(chat.send(uid, sid, f"Question number {i} about my order NW2048137{i}.", 0.0, 1.0, 16,
+                                    request=tab("alice"))))
+    users = [m for m in chat.store.messages(uid, sid) if m["role"] == "user"]
+    assert len(users) == 10 and users[-1]["trimmed_turns"] > 0  # all kept in the chat, not all in the prompt
+    assert all(len(r["prompt"]) <= 256 - 16 for r in fake.requests)
+    assert "left out" in chat.open_session(uid, sid, tab("alice"))[1][-2]["content"]
+    same_window = [i for i in range(1, 10) if users[i]["trimmed_turns"] == users[i - 1]["trimmed_turns"] > 0]
+    assert same_window  # after a trim, the next turn continues in the same window...
+    i = same_window[0]
+    previous = fake.requests[i - 1]["prompt"] + fake.reply_ids[:16]
+    assert fake.requests[i]["prompt"][:len(previous)] == previous  # ...token-exact again
+
+
+def test_sliders_take_the_models_sampling_defaults(smol_tokenizer, tmp_path):
+    fake = FakeEngineClient(smol_tokenizer)
+    fake.info = dataclasses.replace(fake.info, sampling_defaults={"temperature": 0.2, "top_p": 0.9},
+                                    sampling_source="the model card")
+    chat = ChatHandlers(fake, Store(str(tmp_path / "chat.db")))
+    temperature, top_p, penalty, note = chat.sampling_defaults()
+    assert (temperature, top_p, penalty) == (0.2, 0.9, 1.1) and "the model card" in note

@@ -14,20 +14,42 @@ from ui.conversation import build_prompt
 log = logging.getLogger("pagedchat.ui")
 
 
+TYPING = {"role": "assistant", "content": "*typing…*"}  # shown under a sent message until the reply starts
+
+
 def reply_footer(m: dict) -> str:
     if m.get("generated_tokens") is None:
         return ""
     ttft = f"TTFT {m['ttft'] * 1000:.0f} ms · " if m.get("ttft") is not None else ""
     speed = f"{m['tokens_per_s']:.1f} tok/s · " if m.get("tokens_per_s") else ""
     stopped = " · stopped" if m.get("finish_reason") == "abort" else ""
-    return (f"\n\n<sub>{ttft}{speed}prompt {m['prompt_tokens']} (cached {m['cached_tokens']}) · "
+    return (f"\n\n<sub>{stamp(m)} · {ttft}{speed}prompt {m['prompt_tokens']} (cached {m['cached_tokens']}) · "
             f"{m['generated_tokens']} generated{stopped}</sub>")
 
 
+def user_footer(m: dict) -> str:
+    trimmed = m.get("trimmed_turns") or 0
+    note = (f" · the {trimmed} oldest messages were left out of this turn to fit the model's context"
+            if trimmed else "")
+    return f"\n\n<sub>{stamp(m)}{note}</sub>"
+
+
+def stamp(m: dict) -> str:
+    """When a message was written, in the server's local time (the date too if not today)."""
+    created = time.localtime(m["created"])
+    today = time.localtime().tm_yday == created.tm_yday and time.localtime().tm_year == created.tm_year
+    return time.strftime("%H:%M" if today else "%d %b %H:%M", created)
+
+
 def display(messages: list[dict]) -> list[dict]:
-    """Stored messages -> gr.Chatbot's list of {"role", "content"}."""
-    return [{"role": m["role"], "content": m["content"] + (reply_footer(m) if m["role"] == "assistant" else "")}
-            for m in messages]
+    """Stored messages -> gr.Chatbot's list of {"role", "content"}, with their footers."""
+    return [{"role": m["role"], "content": m["content"] + (reply_footer(m) if m["role"] == "assistant"
+                                                           else user_footer(m))} for m in messages]
+
+
+def feedback_values(messages: list[dict]) -> list[str | None]:
+    """gr.Chatbot's feedback_value: one entry per assistant message."""
+    return [{1: "Like", -1: "Dislike"}.get(m.get("feedback")) for m in messages if m["role"] == "assistant"]
 
 
 class ChatService:
@@ -58,16 +80,20 @@ class ChatService:
             same_model = not history[:-1] or history[-2].get("model") in (None, "", model)
             if not prompt_ids or not same_model:  # built for another model: render again
                 prompt_ids = build_prompt(info.tokenizer, session["system_prompt"], history[:-1],
-                                          last_user["content"], model).token_ids
+                                          last_user["content"], model, self._limit(info, params)).token_ids
         else:
-            prompt_ids = build_prompt(info.tokenizer, session["system_prompt"], history, text, model).token_ids
+            prompt = build_prompt(info.tokenizer, session["system_prompt"], history, text, model,
+                                  self._limit(info, params))
+            prompt_ids = prompt.token_ids
             if len(prompt_ids) >= info.max_model_len:
                 raise ValueError(f"this message makes the conversation {len(prompt_ids)} tokens long; the model "
                                  f"takes {info.max_model_len}. Start a new chat or send a shorter message.")
-            stored = self.store.add_message(user, session_id, "user", text, prompt_ids, model=model)
+            stored = self.store.add_message(user, session_id, "user", text, prompt_ids, model=model,
+                                            trimmed_turns=prompt.trimmed)
             if len(history) == 0 and session["title"] == "New chat":
                 self.store.update_session(user, session_id, title=text[:40])
             shown = self.store.messages(user, session_id)
+            yield display(shown) + [TYPING], False  # the message shows at once; the reply streams under it
         request_id = f"chat-{uuid.uuid4().hex[:12]}"
         self.active.setdefault(tab, set()).add(request_id)
         start = time.time()
@@ -101,6 +127,12 @@ class ChatService:
             finish_reason="abort" if stopped else completion.finish_reason, prompt_tokens=len(prompt_ids),
             cached_tokens=out.num_cached_tokens, generated_tokens=n,
             ttft=m.time_to_first_token if m else None, tokens_per_s=speed)
+
+    @staticmethod
+    def _limit(info, params: SamplingParams) -> int:
+        """Tokens a prompt may take: the context less room for the reply (at most a quarter of it)."""
+        quarter = info.max_model_len // 4
+        return info.max_model_len - min(params.max_tokens or quarter, quarter)
 
     def abort_tab(self, tab: str) -> int:
         ids = self.active.pop(tab, set())

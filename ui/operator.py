@@ -1,5 +1,7 @@
-"""The operator's controls: which model and quantization serve, and simulated customers. The
-engine decides what applies (EngineClient.quantization_choices / switch_model); this only asks."""
+"""The operator's controls: which model and quantization serve, simulated customers, and the
+review of rated replies. Only operators (`--admin USER`, logged in with `--auth`) see them, and
+every handler checks again: a visitor calling the endpoint directly is refused. The engine decides
+what applies (EngineClient.quantization_choices / switch_model); this only asks."""
 from __future__ import annotations
 
 import asyncio
@@ -7,16 +9,33 @@ import asyncio
 import gradio as gr
 
 from engine.client import EngineClient
+from ui import transfer
 from ui.simulate import start_simulated_chats
+
+FEEDBACK_COLUMNS = ["when", "rating", "comment", "user", "chat", "reply"]
 
 
 class OperatorHandlers:
-    def __init__(self, client: EngineClient, models: dict[str, str | None], quantization: str | None) -> None:
+    def __init__(self, client: EngineClient, store, models: dict[str, str | None], quantization: str | None,
+                 operators: set[str]) -> None:
         """models: label -> model argument (None = the embedded default), the first loaded at start
-        with `quantization` (None: its default)."""
+        with `quantization` (None: its default). operators: login names allowed to operate."""
         self.client = client
+        self.store = store
         self.models = models
         self.quantization = quantization
+        self.operators = operators
+
+    def is_operator(self, request: gr.Request | None) -> bool:
+        return getattr(request, "username", None) in self.operators
+
+    def _check(self, request: gr.Request | None) -> None:
+        if not self.is_operator(request):
+            raise gr.Error("Only operators can do this.")
+
+    def show_controls(self, request: gr.Request):
+        """On page load: the operator column for operators, nothing for visitors."""
+        return gr.update(visible=self.is_operator(request))
 
     def initial_choices(self) -> tuple[list[str], str | None]:
         """Quantization choices of the starting model, and the one in force."""
@@ -24,11 +43,13 @@ class OperatorHandlers:
         in_force = self.quantization if self.quantization in choices else (choices[0] if choices else None)
         return choices, in_force
 
-    def quant_options(self, label: str):
+    def quant_options(self, label: str, request: gr.Request):
+        self._check(request)
         choices = self.client.quantization_choices(self.models[label])
         return gr.update(choices=choices, value=choices[0] if choices else None)
 
-    async def switch(self, label: str, quant: str):
+    async def switch(self, label: str, quant: str, request: gr.Request):
+        self._check(request)
         serving = self.client.info.name if self.client.info else "the current model"
         yield f"Loading **{label}** ({quant})… in-flight requests will be aborted."
         try:
@@ -38,8 +59,23 @@ class OperatorHandlers:
             return
         yield f"✅ {result}. Sessions keep their history; their next turn re-reads it once."
 
-    async def simulate(self, n):
+    async def simulate(self, n, request: gr.Request):
+        self._check(request)
         if not self.client.ready:
             return "The engine is not ready yet."
         started = start_simulated_chats(self.client, int(n or 16))
         return f"Started {started} simulated chats (3 turns each, then they stop). Watch the panel."
+
+    # ---- the weekly review of rated replies ------------------------------------------------
+    def feedback_table(self, request: gr.Request):
+        self._check(request)
+        rows = transfer.feedback_rows(self.store.rated_replies())
+        return [[r["feedback_at"], r["rating"], r["comment"], r["user_id"], r["title"], r["reply"]] for r in rows]
+
+    def feedback_csv(self, request: gr.Request) -> str:
+        self._check(request)
+        return transfer.feedback_csv(transfer.feedback_rows(self.store.rated_replies()))
+
+    def feedback_jsonl(self, request: gr.Request) -> str:
+        self._check(request)
+        return transfer.feedback_jsonl(transfer.feedback_rows(self.store.rated_replies()))

@@ -16,7 +16,8 @@ from engine.client import BlockState, EngineClient
 MAX_CELLS = 1536
 STATE_NAMES = {BlockState.FREE: "free", BlockState.CACHED: "cached", BlockState.USED: "in use",
                BlockState.SHARED: "shared"}
-PLOTS = (["running", "waiting", "preemptions"], ["prefill", "decode"], ["tokens_per_s"], ["hit_rate"])
+PLOTS = (["running", "waiting", "preemptions"], ["prefill", "decode"], ["tokens_per_s"], ["hit_rate"],
+         ["process RSS", "KV in use", "GPU allocated"])  # memory in MiB; the GPU line only on CUDA
 
 
 class PanelSampler:
@@ -30,12 +31,14 @@ class PanelSampler:
         self._lock = threading.Lock()
 
     def render(self) -> tuple:
-        """The panel's HTML, memory line and plot frames (PLOTS order) as of the latest sample."""
+        """The model line, the panel's HTML, memory line and plot frames (PLOTS order) as of the
+        latest sample."""
         self.ensure_running()
         snap, history = self.latest, list(self.history)
         if self.remote:
-            return (remote_html(self.client), "", *(series([], names) for names in PLOTS))
-        return (page_map_html(snap), memory_html(snap), *(series(history, names) for names in PLOTS))
+            return (model_line(self.client), remote_html(self.client), "", *(series([], names) for names in PLOTS))
+        return (model_line(self.client), page_map_html(snap), memory_html(snap),
+                *(series(history, names) for names in PLOTS))
 
     def ensure_running(self) -> None:
         with self._lock:
@@ -73,6 +76,11 @@ def _point(snap: dict, previous: dict | None) -> dict:
         queries = s["prefix_cache_queries"] - p["prefix_cache_queries"]
         point["hit_rate"] = (s["prefix_cache_hits"] - p["prefix_cache_hits"]) / queries if queries > 0 else 0.0
         point["preemptions"] = max(s["num_preemptions"] - p["num_preemptions"], 0)
+    m, mib = snap["memory"], 2**20
+    point["process RSS"] = m["rss"] / mib
+    point["KV in use"] = m["kv_cache"] * s["kv_blocks_used"] / max(s["kv_blocks_total"], 1) / mib
+    if "cuda_allocated" in m:
+        point["GPU allocated"] = m["cuda_allocated"] / mib
         steps = s["num_steps"] - p["num_steps"]
         if steps <= 0:
             point["batch"] = point["prefill"] = point["decode"] = 0
@@ -119,6 +127,15 @@ def page_map_html(snap: dict | None) -> str:
         f"generated <b id='gen-total'>{s['generation_tokens_total']}</b> tokens</div></div>")
 
 
+def model_line(client: EngineClient) -> str:
+    """Which model answers, always in view: name, quantization, device, dtype."""
+    info = client.info
+    if info is None:
+        return f"Model: loading… {html.escape(client.error or '')}"
+    return (f"Model <b id='model-name'>{html.escape(info.name)}</b> · quantization {html.escape(info.quantization)}"
+            f" · {html.escape(info.device)} · {html.escape(info.dtype)}")
+
+
 def remote_html(client: EngineClient) -> str:
     where = html.escape(client.info.device if client.info else "another process")
     return (f"<div id='kv-map'>The engine runs in other pods, {where}: its KV pages and batches are on "
@@ -143,5 +160,5 @@ def series(history, names: list[str]) -> pd.DataFrame:
     """Long-format frame for a gr.LinePlot: seconds ago, value, series name."""
     now = time.time()
     rows = [{"seconds": round(p["t"] - now, 1), "value": float(p[name]), "series": name}
-            for p in history for name in names]
+            for p in history for name in names if name in p]
     return pd.DataFrame(rows or [{"seconds": 0.0, "value": 0.0, "series": names[0]}])

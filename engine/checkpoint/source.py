@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 
@@ -28,6 +29,11 @@ def default_model_path() -> str:
         if entry.name.endswith(".gguf"):
             return str(entry)
     raise ValueError(f"no .gguf file inside the installed package {DEFAULT_MODEL_PACKAGE}")
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+# What a model's card recommends, for checkpoints that carry no generation_config.json (GGUF files).
+CARD_SAMPLING = {"smollm2": {"temperature": 0.2, "top_p": 0.9}}
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,21 @@ def _download(repo_id: str) -> str:
         return snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model"])
     except Exception as e:  # noqa: BLE001 - any hub failure is the same answer for the user
         raise ValueError(f"model {repo_id!r} could not be fetched from the Hugging Face hub: {e}") from None
+
+
+def sampling_defaults(src: ModelSource) -> tuple[dict, str]:
+    """The model's own sampling defaults and where they come from, as vLLM takes them: the
+    generation_config.json keys that are set, else the model card's recommendation, else none."""
+    path = os.path.join(src.path, "generation_config.json") if src.kind == "folder" else None
+    if path and os.path.isfile(path):
+        with open(path) as f:
+            found = {k: v for k, v in json.load(f).items() if k in SAMPLING_KEYS and v is not None}
+        if found:
+            return found, "generation_config.json"
+    for family, values in CARD_SAMPLING.items():
+        if family in src.name.lower():
+            return dict(values), "the model card"
+    return {}, "pagedchat's defaults"
 
 
 def load_config_and_tokenizer(src: ModelSource):

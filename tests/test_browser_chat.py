@@ -1,0 +1,247 @@
+"""The chat as a support agent and a customer use it, in Chromium through the keyboard and the
+mouse: Enter sends, feedback, edit and resend, export/import, delete all, operator view, layout.
+Runs on a tiny random-weight model (fast replies; the text is noise, the behaviour is real)."""
+import json
+import os
+import re
+import sqlite3
+
+import pytest
+
+from app import build_app, parse_args
+from tests.serving import LiveServer
+from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_model(tmp_path_factory, tokenizer_dir):
+    """A random-weight Llama with room for a few turns of the ~300-token system prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.conftest import tiny_config
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = tiny_config("llama", len(tok))
+    config.max_position_embeddings = 4096
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-chat")
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def app_url(tmp_path_factory, tiny_chat_model):
+    path = tiny_chat_model
+    folder = tmp_path_factory.mktemp("browser-chat")
+    db = str(folder / "chat.db")
+    args = parse_args(["--db", db, "--model", path, "--dtype", "float32", "--num-kv-blocks", "512",
+                       "--auth", "alice:pw-a", "--auth", "bob:pw-b", "--admin", "alice"])
+    app, llm = build_app(args)
+    with LiveServer(llm, app) as server:
+        server.db = db
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    from playwright.sync_api import expect, sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Chromium is not installed (make test installs Debian's chromium)")
+    expect.set_options(timeout=120_000)
+    with sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(str(tmp_path_factory.mktemp("profile")), executable_path=CHROMIUM,
+                                                   headless=True, args=FLAGS, viewport={"width": 1400, "height": 1000},
+                                                   timeout=180_000)
+        yield ctx
+        ctx.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, app_url):
+    page = browser.new_page()
+    page.set_default_timeout(120_000)
+    log_in(page, app_url.url, "alice", "pw-a")
+    return page
+
+
+def log_in(page, url: str, name: str, password: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{url}/logout")
+    page.goto(url)
+    page.get_by_label("username").fill(name)
+    page.get_by_label("password").fill(password)
+    page.keyboard.press("Enter")
+    expect(page.locator("#kv-used")).to_be_visible()
+
+
+def bots(page):
+    return page.locator("#chatbot [data-testid='bot']")
+
+
+def send_by_keyboard(page, text: str) -> None:
+    from playwright.sync_api import expect
+
+    page.locator("#msg textarea").click()
+    page.keyboard.type(text)
+    page.keyboard.press("Enter")
+    expect(bots(page).last).to_contain_text("generated")
+
+
+def db_rows(server, sql: str, *args) -> list[tuple]:
+    with sqlite3.connect(server.db) as conn:
+        return conn.execute(sql, args).fetchall()
+
+
+def test_enter_sends_shift_enter_breaks_the_line_and_the_message_shows_first(page):
+    from playwright.sync_api import expect
+
+    page.locator("#new-chat").click()
+    expect(bots(page)).to_have_count(0)
+    page.evaluate("""() => {  // when did the user's text, and the reply's first token, first appear?
+        window.__seen = {};
+        new MutationObserver(() => {
+            const now = performance.now(), user = document.querySelector("#chatbot [data-testid='user']");
+            const bot = [...document.querySelectorAll("#chatbot [data-testid='bot']")].pop();
+            if (user && user.innerText.includes('second line') && !window.__seen.user) window.__seen.user = now;
+            if (bot && !bot.innerText.includes('typing') && bot.innerText.trim() && !window.__seen.bot)
+                window.__seen.bot = now;
+        }).observe(document.querySelector('#chatbot'), {subtree: true, childList: true, characterData: true});
+    }""")
+    box = page.locator("#msg textarea")
+    box.click()
+    page.keyboard.type("My tent arrived with a broken pole.")
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.type("Order NW20481377, second line")
+    assert box.input_value() == "My tent arrived with a broken pole.\nOrder NW20481377, second line"
+    assert bots(page).count() == 0  # Shift+Enter did not send
+    page.keyboard.press("Enter")
+    expect(bots(page).last).to_contain_text("generated")
+    seen = page.evaluate("window.__seen")
+    assert seen["user"] <= seen["bot"]  # the message was on screen before the first reply token
+    assert box.input_value() == ""
+    assert page.evaluate("document.activeElement === document.querySelector('#msg textarea')")
+    assert re.search(r"\b\d\d:\d\d\b", page.locator("#chatbot [data-testid='user']").last.inner_text())  # timestamp
+
+
+def test_edit_an_earlier_message_branches_and_keeps_turn_0_cached(page, app_url):
+    from playwright.sync_api import expect
+
+    page.locator("#new-chat").click()
+    expect(bots(page)).to_have_count(0)
+    for text in ("Where is my parcel?", "It was a tent.", "Thanks!"):
+        send_by_keyboard(page, text)
+    page.locator("#chatbot [data-testid='user']").nth(1).hover()
+    page.locator("#chatbot button[aria-label='Edit']").nth(1).click()
+    editor = page.locator("#chatbot textarea").first
+    editor.fill("It was a backpack.")
+    page.locator("#chatbot button[aria-label='Submit']").click()
+    expect(page.locator("#chatbot [data-testid='user']")).to_have_count(2)
+    expect(bots(page)).to_have_count(2)
+    expect(bots(page).last).to_contain_text("generated")
+    assert "backpack" in page.locator("#chatbot [data-testid='user']").last.inner_text()
+    turn0 = db_rows(app_url, "select token_ids from messages where content = 'Where is my parcel?'")[0][0]
+    reply0 = db_rows(app_url, "select token_ids from messages where id = (select min(id) from messages where "
+                              "role = 'assistant' and id > (select id from messages where content = 'Where is my parcel?'))")
+    context = len(json.loads(turn0)) + len(json.loads(reply0[0][0]))
+    cached = int(re.search(r"cached (\d+)", bots(page).last.inner_text()).group(1))
+    assert cached >= context - 16  # the untouched history came from the prefix cache
+    kept = {r[0] for r in db_rows(app_url, "select content from messages where replaced is not null")}
+    assert {"It was a tent.", "Thanks!"} <= kept  # the old branch is kept in the database
+
+
+def test_feedback_survives_a_reload_and_reaches_the_operator_view(page, app_url):
+    from playwright.sync_api import expect
+
+    page.locator("#new-chat").click()
+    send_by_keyboard(page, "Can I get a refund?")
+    page.locator("#chatbot button[aria-label='Dislike']").last.click()
+    page.locator("#comment textarea").fill("It never answered the refund question.")
+    page.keyboard.press("Enter")
+    expect(page.locator("#comment-row")).to_be_hidden()
+    page.reload()
+    expect(bots(page).last).to_contain_text("generated")
+    expect(page.locator("#chatbot button[aria-label='Disliked']")).to_have_count(1)
+    page.locator("#review").click()
+    page.locator("#review-refresh").click()
+    expect(page.locator("#review-table")).to_contain_text("It never answered the refund question.")
+    page.locator("#review-csv").click()
+    with page.expect_download() as download:
+        page.locator("#review-file a").first.click()
+    text = open(download.value.path(), encoding="utf-8").read()
+    assert "It never answered the refund question." in text and "Can I get a refund?" in text
+    os.makedirs(SCREENSHOT_DIR, exist_ok=True)
+    page.screenshot(path=os.path.join(SCREENSHOT_DIR, "operator-review.png"), full_page=True)
+
+
+def test_an_exported_chat_imports_back_identical_and_delete_all_asks_first(page, app_url, tmp_path):
+    from playwright.sync_api import expect
+
+    page.locator("#new-chat").click()
+    send_by_keyboard(page, "Export me, please.")
+    page.locator("#transfer").click()
+    page.locator("#export-json").click()
+    with page.expect_download() as download:
+        page.locator("#export-file a").first.click()
+    exported = tmp_path / "chat.json"
+    download.value.save_as(exported)
+    original = json.loads(exported.read_text())
+    sessions_before = page.locator("#sessions label").count()
+    with page.expect_file_chooser() as chooser:
+        page.locator("#import").click()
+    chooser.value.set_files(str(exported))
+    expect(page.locator("#sessions label")).to_have_count(sessions_before + 1)
+    expect(page.locator("#chatbot [data-testid='user']").last).to_contain_text("Export me, please.")
+    imported = db_rows(app_url, "select role, content, token_ids from messages where session_id = "
+                                "(select id from sessions order by created desc limit 1) order by id")
+    assert [(r, c, json.loads(t)) for r, c, t in imported] == \
+        [(m["role"], m["content"], m["token_ids"]) for m in original["messages"]]
+
+    page.locator("#delete-all").click()
+    expect(page.locator("#confirm-yes")).to_be_visible()
+    page.locator("#confirm-no").click()  # changed my mind: nothing is deleted
+    expect(page.locator("#confirm-yes")).to_be_hidden()
+    assert page.locator("#sessions label").count() == sessions_before + 1
+    page.locator("#delete-all").click()
+    page.locator("#confirm-yes").click()
+    expect(page.locator("#sessions label")).to_have_count(1)
+    expect(bots(page)).to_have_count(0)
+
+
+def test_panel_model_line_narrow_layout_and_dark_mode(page):
+    from playwright.sync_api import expect
+
+    expect(page.locator("#model-line")).to_contain_text("quantization")
+    assert page.get_by_text("Memory (MiB)").count() >= 1
+    page.locator("#theme-toggle").click()
+    assert page.evaluate("document.body.classList.contains('dark')")
+    page.reload()
+    expect(page.locator("#kv-used")).to_be_visible()
+    assert page.evaluate("document.body.classList.contains('dark')")  # remembered
+    page.screenshot(path=os.path.join(SCREENSHOT_DIR, "dark.png"))
+    page.locator("#theme-toggle").click()
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.reload()  # a phone opens the page at this size
+    expect(page.locator("#kv-used")).to_be_visible()
+    expect(page.locator(".sidebar.open")).to_have_count(0)  # the chats list waits behind its toggle
+    chat_box, panel_box = page.locator("#chatbot").bounding_box(), page.locator("#panel").bounding_box()
+    assert panel_box["y"] >= chat_box["y"] + chat_box["height"]  # the panel folds under the chat
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1  # no sideways scrolling
+    page.screenshot(path=os.path.join(SCREENSHOT_DIR, "narrow.png"), full_page=True)
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    page.reload()
+    expect(page.locator(".sidebar.open")).to_have_count(1)
+
+
+def test_a_visitor_sees_the_panel_but_not_the_operator_controls(page, app_url):
+    from playwright.sync_api import expect
+
+    log_in(page, app_url.url, "bob", "pw-b")
+    expect(page.locator("#panel")).to_be_visible()
+    assert page.locator("#operator").count() == 0 or not page.locator("#operator").is_visible()
+    assert page.locator("#switch").count() == 0 or not page.locator("#switch").is_visible()
+    log_in(page, app_url.url, "alice", "pw-a")
+    expect(page.locator("#operator")).to_be_visible()

@@ -88,7 +88,7 @@ def build_app(args: argparse.Namespace):
     config = config_from_args(args)
     client = make_client(config, args.engine_url, args.api_key)
     api = create_app(client, api_key=args.api_key, served_model_name=args.served_model_name,
-                     log_text=args.log_message_text)
+                     log_text=args.log_message_text, max_request_bytes=args.max_request_bytes)
     demo = build_ui(client, store, models=model_choices(config, args.models), quantization=config.quantization,
                     operators=set(args.admin), secret=args.secret or store.secret())
     app = gr.mount_gradio_app(api, demo, path="/", auth=users or None, footer_links=[], run_history=False)

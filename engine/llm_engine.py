@@ -121,11 +121,11 @@ class LLMEngine:
         """Admit a request or refuse it with a ValueError (ContextLengthError for a prompt that does
         not fit) or EngineOverloadedError. `session_id` only labels it (the panel's page owners)."""
         params = params or SamplingParams()
+        vocab = self.hf_config.vocab_size
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, ids = None, list(prompt)
-            vocab = self.hf_config.vocab_size
             if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
                 raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if not ids:
@@ -133,6 +133,8 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ContextLengthError(f"prompt is {len(ids)} tokens but max_model_len is {self.max_model_len} "
                                      f"(the prompt plus at least one generated token must fit)", "prompt")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be below the vocabulary size {vocab}, got {params.stop_token_ids}")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if request_id is None:
@@ -172,7 +174,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         try:
             result = self.runner.execute(sched)
-        except Exception as e:  # a failed step fails its requests, never the engine
+        except Exception as e:  # a failed forward fails its requests, never the engine
             log.exception("step failed")
             self.kv.reset_prefix_cache()  # blocks registered for this step may hold unwritten K/V
             for s in sched.scheduled:
@@ -183,6 +185,13 @@ class LLMEngine:
                     outputs.append(self._finalize(t))
             return outputs
         changed = self.scheduler.update(sched, result)
+        for request_id, why in result.failed.items():  # its own fault: the batch and the cache go on
+            t = self._tracked.get(request_id)
+            if t is not None:
+                log.warning("request %s failed: %s", request_id, why)
+                t.request.error = why
+                self.scheduler.finish(t.request, RequestStatus.FINISHED_ERROR)
+                outputs.append(self._finalize(t))
         for req in changed:
             t = self._tracked[req.request_id]
             stop = t.detok.add(req.output_token_ids[-1])

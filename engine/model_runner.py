@@ -44,8 +44,21 @@ class ModelRunner:
         logits, samplers = self.forward(sched)
         if not samplers:
             return ModelRunnerOutput({})
-        tokens = self.sampler(logits, [s.request for s in samplers])
-        return ModelRunnerOutput({s.request.request_id: t for s, t in zip(samplers, tokens)})
+        requests = [s.request for s in samplers]
+        try:
+            return ModelRunnerOutput({r.request_id: t for r, t in zip(requests, self.sampler(logits, requests))})
+        except Exception:  # noqa: BLE001 - a fault is the request's own: find whose, row by row
+            return self._sample_rows(logits, requests)
+
+    def _sample_rows(self, logits: torch.Tensor, requests: list) -> ModelRunnerOutput:
+        """Sample each row alone: the rows that fail fail their request, the others go on."""
+        out = ModelRunnerOutput({})
+        for i, req in enumerate(requests):
+            try:
+                out.sampled[req.request_id] = self.sampler(logits[i:i + 1], [req])[0]
+            except Exception as e:  # noqa: BLE001
+                out.failed[req.request_id] = f"sampling failed: {type(e).__name__}: {e}"
+        return out
 
     @torch.inference_mode()
     def forward(self, sched: SchedulerOutput) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:

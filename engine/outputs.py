@@ -35,6 +35,7 @@ class SchedulerOutput:
 @dataclass
 class ModelRunnerOutput:
     sampled: dict[str, int]  # request_id -> new token id (only for requests that sample)
+    failed: dict[str, str] = field(default_factory=dict)  # request_id -> why its sampling failed
 
 
 @dataclass

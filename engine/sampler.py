@@ -24,6 +24,7 @@ class Sampler:
         if all(p.greedy and not p.has_penalties and r.num_output_tokens >= p.min_tokens
                for r, p in zip(requests, params)):
             return logits.argmax(dim=-1).tolist()
+        logits = logits.clone()  # rows are adjusted in place; a failed draw is retried on the originals
         for i, req in enumerate(requests):
             self._adjust_row(logits[i], req)
         greedy = torch.tensor([p.greedy for p in params], device=logits.device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 _EPS = 1e-5
+_INF = float("inf")
 
 
 @dataclass
@@ -42,7 +43,7 @@ class SamplingParams:
                 raise ValueError(f"{name} {msg}, got {getattr(self, name)!r}.")
 
         check(isinstance(self.n, int) and self.n == 1, "n", "must be 1 (parallel sampling is not supported)")
-        check(_is_number(self.temperature) and self.temperature >= 0, "temperature", "must be a number >= 0")
+        check(_is_number(self.temperature) and 0 <= self.temperature < _INF, "temperature", "must be a finite number >= 0")
         check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0), "top_k",
               "must be -1 or 0 (disabled) or a positive integer")
@@ -57,9 +58,10 @@ class SamplingParams:
         check(all(isinstance(s, str) and s for s in self.stop_strings), "stop", "must be non-empty strings")
         check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
               "must be non-negative integers")
-        check(self.seed is None or isinstance(self.seed, int), "seed", "must be an integer or None")
-        check(_is_number(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty",
-              "must be a number > 0")
+        check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)
+                                    and -2**63 <= self.seed < 2**64), "seed", "must be an integer in [-2**63, 2**64)")
+        check(_is_number(self.repetition_penalty) and 0 < self.repetition_penalty < _INF, "repetition_penalty",
+              "must be a finite number > 0")
         check(_is_number(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty",
               "must be in [-2, 2]")
         check(_is_number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty",

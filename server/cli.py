@@ -10,6 +10,7 @@ import argparse
 
 from engine.config import EngineConfig, add_engine_args, config_from_args
 from server.logs import add_logging_args, setup_logging
+from server.routes import MAX_REQUEST_BYTES
 
 
 def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
@@ -18,6 +19,8 @@ def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument("--port", type=int, default=port)
     parser.add_argument("--api-key", default=None, help="require this Bearer token on /v1")
     parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
+                        help="API request bodies over this get 413 before they are parsed")
     add_logging_args(parser)
 
 
@@ -33,14 +36,15 @@ def serve(app, host: str, port: int, on_exit, log_level: str = "warning") -> Non
 
 def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                served_model_name: str | None = None, log_level: str = "info", log_format: str = "text",
-               log_text: bool = False, **engine_options) -> None:
+               log_text: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES, **engine_options) -> None:
     """Load the model in the background and serve; /health says 503 until it is ready."""
     from engine.async_llm import AsyncLLM
     from server.routes import create_app
 
     setup_logging(log_format)
     llm = AsyncLLM(EngineConfig(model=model, **engine_options))
-    app = create_app(llm, api_key=api_key, served_model_name=served_model_name, log_text=log_text)
+    app = create_app(llm, api_key=api_key, served_model_name=served_model_name, log_text=log_text,
+                     max_request_bytes=max_request_bytes)
     serve(app, host, port, llm.shutdown, log_level)
 
 
@@ -56,4 +60,4 @@ def main(argv: list[str] | None = None) -> None:
     options = {k: v for k, v in config.__dict__.items() if k != "model"}
     run_server(config.model, host=args.host, port=args.port, api_key=args.api_key,
                served_model_name=args.served_model_name, log_format=args.log_format,
-               log_text=args.log_message_text, **options)
+               log_text=args.log_message_text, max_request_bytes=args.max_request_bytes, **options)

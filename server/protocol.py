@@ -33,8 +33,18 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+# OpenAI fields this server does not implement yet, with the values that ask for nothing: anything
+# else is refused by name rather than silently ignored.
+NOT_IMPLEMENTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+                   "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
+                   "functions": (None, []), "function_call": (None, "none"), "suffix": (None, ""),
+                   "best_of": (None, 1), "guided_json": (None,), "structured_outputs": (None,)}
+
+
 class SamplingFields(BaseModel):
-    """Fields shared by /v1/chat/completions and /v1/completions. Unknown fields are ignored."""
+    """Fields shared by /v1/chat/completions and /v1/completions. Unknown fields are kept and checked
+    against NOT_IMPLEMENTED; others (OpenAI's `metadata`, `store`, ...) are ignored."""
+    model_config = ConfigDict(extra="allow")
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -58,6 +68,12 @@ class SamplingFields(BaseModel):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def not_implemented(self) -> str | None:
+        """The first field that asks for something this server does not do yet."""
+        extra = self.model_extra or {}
+        return next((name for name, neutral in NOT_IMPLEMENTED.items()
+                     if name in extra and extra[name] not in neutral), None)
 
     def sampling_params(self, room: int, defaults: dict) -> SamplingParams:
         """`room`: tokens left in the context after the prompt (the default for max_tokens);

@@ -9,16 +9,20 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.client import ContextLengthError, EngineClient, EngineDeadError, EngineOverloadedError, ModelInfo
 from server.logs import log_request
-from server.middleware import RequestIdMiddleware
+from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
                              TokenizeRequest, error_body, new_id, now, usage)
 from server.streaming import (APIError, bad_request, chat_events, collect, completion_events, finish_reason, sse,
                               started)
 
 PROMETHEUS = "text/plain; version=0.0.4"
+
+
+MAX_REQUEST_BYTES = 4 << 20
 
 
 @dataclass
@@ -29,8 +33,9 @@ class Settings:
 
 
 def create_app(client: EngineClient, *, api_key: str | None = None, served_model_name: str | None = None,
-               log_text: bool = False) -> FastAPI:
+               log_text: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
     app = FastAPI(title="pagedchat", docs_url=None, redoc_url=None)
+    app.add_middleware(BodySizeLimitMiddleware, limit=max_request_bytes)
     app.add_middleware(RequestIdMiddleware)
     app.state.client = client
     app.state.settings = Settings(api_key, served_model_name, log_text)
@@ -190,6 +195,9 @@ def render_chat(info: ModelInfo, body) -> list[int]:
 def sampling(info: ModelInfo, body: SamplingFields, ids: list[int]):
     """SamplingParams for one prompt; max_tokens defaults to the room left in the context. A prompt
     that leaves no room at all is refused by the engine (ContextLengthError)."""
+    refused = body.not_implemented()
+    if refused:
+        raise bad_request(f"`{refused}` is not supported by this server yet; leave it out of the request.", refused)
     limit, wanted = info.max_model_len, body.requested_max_tokens()
     if wanted is not None and len(ids) < limit < len(ids) + wanted:
         raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -215,11 +223,17 @@ def _param_of(message: str) -> str | None:
 
 # ---- errors, all in OpenAI's shape --------------------------------------------------------
 async def _api_error(_: Request, e: APIError):
-    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status)
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status,
+                        headers={"Retry-After": "5"} if e.status == 503 else None)
 
 
 async def _validation_error(_: Request, e: RequestValidationError):
     first = e.errors()[0] if e.errors() else {}
+    if first.get("type") == "json_invalid":
+        where = first.get("loc", ("body", "?"))[-1]
+        return JSONResponse(error_body(f"The request body is not valid JSON (error at character {where}: "
+                                       f"{first.get('ctx', {}).get('error', 'parse error')}).",
+                                       "invalid_request_error"), status_code=400)
     where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
     msg = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
                     for err in e.errors()[:5])
@@ -232,17 +246,26 @@ async def _context_length(request: Request, e: ContextLengthError):
 
 
 async def _overloaded(_: Request, e: EngineOverloadedError):
-    return JSONResponse(error_body(str(e), "service_unavailable", code="overloaded"), status_code=503)
+    return JSONResponse(error_body(str(e), "service_unavailable", code="overloaded"), status_code=503,
+                        headers={"Retry-After": "1"})
 
 
 async def _dead(_: Request, e: EngineDeadError):
-    return JSONResponse(error_body(str(e), "service_unavailable"), status_code=503)
+    return JSONResponse(error_body(str(e), "service_unavailable"), status_code=503, headers={"Retry-After": "5"})
+
+
+async def _http_error(request: Request, e: StarletteHTTPException):
+    """404 and 405 in OpenAI's shape too."""
+    message = {404: f"No route {request.url.path}.",
+               405: f"{request.method} is not allowed on {request.url.path}."}.get(e.status_code, str(e.detail))
+    return JSONResponse(error_body(message, "invalid_request_error"), status_code=e.status_code,
+                        headers=getattr(e, "headers", None))
 
 
 async def _invalid(_: Request, e: ValueError):
     return JSONResponse(error_body(str(e), "invalid_request_error", _param_of(str(e))), status_code=400)
 
 
-ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _validation_error,
+ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _validation_error, StarletteHTTPException: _http_error,
                   ContextLengthError: _context_length, EngineOverloadedError: _overloaded, EngineDeadError: _dead,
                   ValueError: _invalid}

@@ -108,3 +108,34 @@ def test_full_waiting_queue_refuses_with_overloaded(tiny_model):
         llm.engine.add_request([1, 2], request_id="c")
     with pytest.raises(ValueError, match="already in use"):
         llm.engine.add_request([1, 2], request_id="a")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("seed", 2**70), ("seed", -2**64), ("temperature", float("inf")), ("temperature", float("nan")),
+    ("repetition_penalty", float("inf")),
+])
+def test_values_the_engine_cannot_run_are_refused_at_admission(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_stop_token_ids_outside_the_vocabulary_are_refused(tiny):
+    with pytest.raises(ValueError, match="stop_token_ids"):
+        tiny.generate([[1, 2, 3]], SamplingParams(stop_token_ids=[10**9]))
+    tiny.engine.check_integrity()
+
+
+def test_one_poisoned_request_fails_alone_and_the_batch_goes_on(tiny):
+    """A request whose sampling fails at run time (its seed corrupted after validation) ends with
+    an error; the 8 healthy greedy requests beside it produce exactly what they produce alone."""
+    prompts = [[10 + i, 20 + i, 30 + i] * (4 + i) for i in range(8)]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = [o.outputs[0].token_ids for o in tiny.generate(prompts, greedy)]
+    poisoned = SamplingParams(temperature=0.8, max_tokens=12, seed=1)
+    poisoned.seed = 2**70  # what validation would have refused
+    outs = tiny.generate(prompts[:4] + [[5, 6, 7]] + prompts[4:], [greedy] * 4 + [poisoned] + [greedy] * 4)
+    assert outs[4].outputs[0].finish_reason == "error" and "sampling failed" in outs[4].error
+    assert [o.outputs[0].token_ids for o in outs[:4] + outs[5:]] == alone
+    again = tiny.generate([prompts[7]], greedy)[0]
+    assert again.num_cached_tokens > 0  # the prefix cache was not reset by the fault
+    tiny.engine.check_integrity()

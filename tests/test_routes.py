@@ -90,9 +90,11 @@ def test_engine_refusals_become_openai_errors(fake, http, refusal, status, code)
     ("/v1/chat/completions", {"messages": HELLO, "top_p": 0}, "top_p"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/completions", {"prompt": [], "max_tokens": 3}, "prompt"),
+    ("/v1/chat/completions", {"messages": HELLO, "seed": 2**70}, "seed"),
+    ("/v1/chat/completions", {"messages": HELLO, "temperature": float("inf")}, "temperature"),
 ])
 def test_bad_requests_name_the_field(http, path, body, param):
-    r = http.post(path, json=body)
+    r = http.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and error["param"].startswith(param), error
@@ -127,3 +129,44 @@ def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(fake, smol_
     assert (fake.requests[-1]["params"].temperature, fake.requests[-1]["params"].top_p) == (0.2, 0.9)
     http.post("/v1/chat/completions", json={"messages": HELLO, "temperature": 1.0, "top_p": 0.5})
     assert (fake.requests[-1]["params"].temperature, fake.requests[-1]["params"].top_p) == (1.0, 0.5)
+
+
+@pytest.mark.parametrize("path, field, value", [
+    ("/v1/chat/completions", "logprobs", True), ("/v1/chat/completions", "top_logprobs", 3),
+    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "refund"}}]),
+    ("/v1/chat/completions", "tool_choice", "auto"), ("/v1/chat/completions", "logit_bias", {"42": 5}),
+    ("/v1/chat/completions", "response_format", {"type": "json_object"}), ("/v1/completions", "suffix", "!"),
+    ("/v1/completions", "logprobs", 2), ("/v1/completions", "best_of", 3),
+])
+def test_fields_not_implemented_are_refused_by_name(http, fake, path, field, value):
+    body = {"messages": HELLO} if "chat" in path else {"prompt": "Hi"}
+    r = http.post(path, json={**body, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field and field in r.json()["error"]["message"]
+    assert http.post(path, json={**body, "logprobs": False, "response_format": {"type": "text"}, "tools": [],
+                                 "max_tokens": 2} if "chat" in path else {**body, "max_tokens": 2}).status_code == 200
+
+
+def test_malformed_bodies_and_unknown_routes_answer_in_openai_shape(http):
+    r = http.post("/v1/chat/completions", content=b'{"messages": [', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = http.post("/v1/chat/completions", content=b'\xff\xfe{"a"', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    for method, path, status in (("GET", "/v1/nothing", 404), ("GET", "/v1/chat/completions", 405)):
+        r = http.request(method, path)
+        assert r.status_code == status and r.json()["error"]["message"], r.text
+    assert http.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2}).status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_before_parsing(fake):
+    http = TestClient(create_app(fake, max_request_bytes=2000))
+    r = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert fake.requests == []
+    assert http.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2}).status_code == 200
+
+
+def test_503_says_when_to_retry(fake, http):
+    fake.refuse_with = EngineOverloadedError("engine overloaded")
+    assert http.post("/v1/completions", json={"prompt": "Hi"}).headers["retry-after"] == "1"
+    fake.refuse_with, fake.state = None, "loading"
+    assert http.post("/v1/completions", json={"prompt": "Hi"}).headers["retry-after"] == "5"

@@ -20,6 +20,7 @@ from engine.client import EngineDeadError, ModelInfo
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
+from engine.snapshot import take_snapshot
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -118,7 +119,7 @@ class AsyncLLM:
     def snapshot(self) -> dict | None:
         if not self.ready:
             return None
-        return self.run_on_engine_thread(LLMEngine.snapshot, timeout=30)
+        return self.run_on_engine_thread(take_snapshot, timeout=30)
 
     def metrics_text(self) -> bytes:
         return self.metrics.exposition() if self.metrics is not None else b""

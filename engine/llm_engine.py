@@ -13,7 +13,7 @@ import torch
 
 from engine.checkpoint.load import build_model, quant_spec
 from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, sampling_defaults
-from engine.client import BlockState, ContextLengthError, EngineOverloadedError, ModelInfo
+from engine.client import ContextLengthError, EngineOverloadedError, ModelInfo
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
@@ -162,6 +162,10 @@ class LLMEngine:
         self._pending.append(self._finalize(t))
         return True
 
+    def session_of(self, request_id: str) -> str | None:
+        t = self._tracked.get(request_id)
+        return t.request.session_id if t else None
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._tracked)
 
@@ -253,36 +257,6 @@ class LLMEngine:
         defaults, source = sampling_defaults(self.source)
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
                          str(self.device), str(self.dtype).removeprefix("torch."), self.quantization, defaults, source)
-
-    def snapshot(self) -> dict:
-        """What the live panel shows: stats, every block's BlockState and owner (the request's
-        session, else its id), memory."""
-        import dataclasses
-
-        pool = self.kv.pool
-        states = bytearray(pool.num_blocks)
-        for block in pool.blocks:
-            if block.ref_cnt > 1:
-                states[block.block_id] = BlockState.SHARED
-            elif block.ref_cnt == 1:
-                states[block.block_id] = BlockState.USED
-            elif block.block_hash is not None:
-                states[block.block_id] = BlockState.CACHED
-        owners = {}
-        for request_id, blocks in self.kv.req_blocks.items():
-            tracked = self._tracked.get(request_id)
-            owner = (tracked and tracked.request.session_id) or request_id
-            for block in blocks:
-                owners.setdefault(block.block_id, owner)
-        memory = {"rss": psutil.Process().memory_info().rss, "weights": self.weight_bytes,
-                  "kv_cache": self.runner.kv_cache_bytes}
-        if self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            memory.update(cuda_allocated=torch.cuda.memory_allocated(self.device),
-                          cuda_reserved=torch.cuda.memory_reserved(self.device), cuda_free=free, cuda_total=total)
-        return {"time": time.time(), "stats": dataclasses.asdict(self.get_stats()), "block_states": bytes(states),
-                "block_owners": owners, "memory": memory, "model": self.source.name, "device": str(self.device),
-                "dtype": str(self.dtype).removeprefix("torch."), "quantization": self.quantization}
 
     def mean_nll(self, token_ids: list[int]) -> float:
         """Mean negative log-likelihood of a token sequence under the model (quality checks), from

@@ -82,13 +82,25 @@ def bots(page):
     return page.locator("#chatbot [data-testid='bot']")
 
 
-def send_by_keyboard(page, text: str) -> None:
+def new_chat(page) -> None:
     from playwright.sync_api import expect
 
+    page.locator("#new-chat").click()
+    expect(page.locator("#chatbot [data-testid='user']")).to_have_count(0)
+    expect(bots(page)).to_have_count(0)
+
+
+def send_by_keyboard(page, text: str) -> None:
+    """Type, press Enter, and wait for this turn's own reply to finish."""
+    from playwright.sync_api import expect
+
+    turns = page.locator("#chatbot [data-testid='user']").count()
     page.locator("#msg textarea").click()
     page.keyboard.type(text)
     page.keyboard.press("Enter")
-    expect(bots(page).last).to_contain_text("generated")
+    expect(page.locator("#chatbot [data-testid='user']")).to_have_count(turns + 1)
+    expect(bots(page)).to_have_count(turns + 1)
+    expect(bots(page).nth(turns)).to_contain_text("generated")
 
 
 def db_rows(server, sql: str, *args) -> list[tuple]:
@@ -99,8 +111,7 @@ def db_rows(server, sql: str, *args) -> list[tuple]:
 def test_enter_sends_shift_enter_breaks_the_line_and_the_message_shows_first(page):
     from playwright.sync_api import expect
 
-    page.locator("#new-chat").click()
-    expect(bots(page)).to_have_count(0)
+    new_chat(page)
     page.evaluate("""() => {  // when did the user's text, and the reply's first token, first appear?
         window.__seen = {};
         new MutationObserver(() => {
@@ -130,8 +141,7 @@ def test_enter_sends_shift_enter_breaks_the_line_and_the_message_shows_first(pag
 def test_edit_an_earlier_message_branches_and_keeps_turn_0_cached(page, app_url):
     from playwright.sync_api import expect
 
-    page.locator("#new-chat").click()
-    expect(bots(page)).to_have_count(0)
+    new_chat(page)
     for text in ("Where is my parcel?", "It was a tent.", "Thanks!"):
         send_by_keyboard(page, text)
     page.locator("#chatbot [data-testid='user']").nth(1).hover()
@@ -156,7 +166,7 @@ def test_edit_an_earlier_message_branches_and_keeps_turn_0_cached(page, app_url)
 def test_feedback_survives_a_reload_and_reaches_the_operator_view(page, app_url):
     from playwright.sync_api import expect
 
-    page.locator("#new-chat").click()
+    new_chat(page)
     send_by_keyboard(page, "Can I get a refund?")
     page.locator("#chatbot button[aria-label='Dislike']").last.click()
     page.locator("#comment textarea").fill("It never answered the refund question.")
@@ -180,7 +190,7 @@ def test_feedback_survives_a_reload_and_reaches_the_operator_view(page, app_url)
 def test_an_exported_chat_imports_back_identical_and_delete_all_asks_first(page, app_url, tmp_path):
     from playwright.sync_api import expect
 
-    page.locator("#new-chat").click()
+    new_chat(page)
     send_by_keyboard(page, "Export me, please.")
     page.locator("#transfer").click()
     page.locator("#export-json").click()

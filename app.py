@@ -81,6 +81,9 @@ def build_app(args: argparse.Namespace):
     from ui.layout import build_ui
 
     store = Store(args.db)
+    cut = store.mark_interrupted()
+    if cut:
+        log.info("%d reply(ies) were cut by the last shutdown; they are shown as interrupted", cut)
     users = parse_auth(args.auth)
     unknown = set(args.admin) - {name for name, _ in users}
     if unknown:

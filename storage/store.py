@@ -18,6 +18,10 @@ import sqlite_utils
 from storage.migrations import migrate
 
 
+_STATS = ("model", "finish_reason", "prompt_tokens", "cached_tokens", "generated_tokens", "ttft", "tokens_per_s",
+          "trimmed_turns")
+
+
 class StoreError(RuntimeError):
     """The database cannot be opened or written."""
 
@@ -28,6 +32,10 @@ class Store:
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder):
             raise StoreError(f"cannot open database {path}: folder {folder} does not exist")
+        try:  # customer chats: a new file is readable by its owner only (SQLite gives -wal/-shm the same)
+            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+        except OSError as e:
+            raise StoreError(f"cannot open database {path}: {e}") from None
         try:
             with self._db() as db:
                 db.conn.execute("PRAGMA journal_mode=WAL")
@@ -106,15 +114,30 @@ class Store:
                     token_ids: list[int] | None = None, **stats) -> int:
         row = {"session_id": session_id, "role": role, "content": content,
                "token_ids": json.dumps(token_ids or []), "created": time.time()}
-        row.update({k: v for k, v in stats.items() if k in (
-            "model", "finish_reason", "prompt_tokens", "cached_tokens", "generated_tokens", "ttft", "tokens_per_s",
-            "trimmed_turns", "created")})
+        row.update({k: v for k, v in stats.items() if k in (*_STATS, "created")})
         with self._db() as db:
             if not self._owned(db, user_id, session_id):
                 raise StoreError(f"session {session_id} does not belong to this user")
             message_id = db["messages"].insert(row).last_pk
             db.conn.execute("update sessions set updated = ? where id = ?", [time.time(), session_id])
         return message_id
+
+    def update_message(self, user_id: str, session_id: str, message_id: int, content: str,
+                       token_ids: list[int], **stats) -> None:
+        """Rewrite a message as it grows (a streaming reply); StoreError if the session is gone."""
+        row = {"content": content, "token_ids": json.dumps(token_ids)}
+        row.update({k: v for k, v in stats.items() if k in _STATS})
+        with self._db() as db:
+            if not self._owned(db, user_id, session_id):
+                raise StoreError(f"session {session_id} does not exist or does not belong to this user")
+            db.conn.execute(f"update messages set {', '.join(f'{k} = ?' for k in row)} where id = ? and session_id = ?",
+                            [*row.values(), message_id, session_id])
+
+    def mark_interrupted(self) -> int:
+        """At start: replies still marked "streaming" were cut by the process ending."""
+        with self._db() as db:
+            return db.conn.execute("update messages set finish_reason = 'interrupted' "
+                                   "where finish_reason = 'streaming'").rowcount
 
     def messages(self, user_id: str, session_id: str) -> list[dict]:
         """The conversation as it stands (messages an edit branched away from are left out)."""

@@ -93,3 +93,19 @@ def tiny_model(tmp_path_factory, tokenizer_dir):
         return made[arch, std]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory, tokenizer_dir):
+    """A random-weight Llama with room for a few turns of the ~300-token system prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = tiny_config("llama", len(tok))
+    config.max_position_embeddings = 4096
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-chat")
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)

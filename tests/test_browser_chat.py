@@ -14,24 +14,6 @@ from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR
 
 
 @pytest.fixture(scope="module")
-def tiny_chat_model(tmp_path_factory, tokenizer_dir):
-    """A random-weight Llama with room for a few turns of the ~300-token system prompt."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from tests.conftest import tiny_config
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = tiny_config("llama", len(tok))
-    config.max_position_embeddings = 4096
-    torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-chat")
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def app_url(tmp_path_factory, tiny_chat_model):
     path = tiny_chat_model
     folder = tmp_path_factory.mktemp("browser-chat")

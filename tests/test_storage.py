@@ -16,6 +16,7 @@ def test_schema_from_a_blank_file_and_migrating_twice_is_a_no_op(tmp_path):
     assert [r["name"] for r in db["_migrations"].rows] == [m.__name__ for m in MIGRATIONS]
     assert migrate(db) == []
     assert db.execute("pragma journal_mode").fetchone()[0] == "wal"
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)  # customer chats: owner only
 
 
 def test_crud_and_per_user_isolation(tmp_path):

@@ -221,3 +221,70 @@ def test_sliders_take_the_models_sampling_defaults(smol_tokenizer, tmp_path):
     chat = ChatHandlers(fake, Store(str(tmp_path / "chat.db")))
     temperature, top_p, penalty, note = chat.sampling_defaults()
     assert (temperature, top_p, penalty) == (0.2, 0.9, 1.1) and "the model card" in note
+
+
+def test_a_reply_is_stored_as_it_grows_and_a_crash_leaves_it_interrupted(chat, fake, monkeypatch):
+    from ui.chat import ReplyWriter
+
+    monkeypatch.setattr(ReplyWriter, "SAVE_EVERY_S", 0.0)  # write at every token
+    uid, sid = chat.current(None, None, tab("alice"))
+
+    async def crash_then_restart():
+        turn = chat.send(uid, sid, "Where is my parcel?", 0.0, 1.0, 64, request=tab("alice"))
+        for _ in range(4):  # the staged message, then three tokens
+            await turn.__anext__()
+        stored = chat.store.messages(uid, sid)
+        assert stored[-1]["role"] == "assistant" and stored[-1]["finish_reason"] == "streaming"
+        assert stored[-1]["token_ids"] == fake.reply_ids[:3]
+        # kill -9 here: the turn never runs again; a new process opens the same database
+        restarted = Store(chat.store.path)
+        assert restarted.mark_interrupted() == 1
+        after = ChatHandlers(fake, restarted)
+        assert "interrupted" in after.open_session(uid, sid, tab("alice"))[1][-1]["content"]
+        await drain(after.send(uid, sid, "Hello again?", 0.0, 1.0, 64, request=tab("alice")))
+        partial = fake.requests[0]["prompt"] + fake.reply_ids[:3]
+        assert fake.requests[-1]["prompt"][:len(partial)] == partial  # the chat goes on from what was written
+
+    asyncio.run(crash_then_restart())
+
+
+def test_a_second_tab_cannot_interleave_turns_on_one_chat(chat, fake, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    uid, sid = chat.current(None, None, tab("alice"))
+
+    async def two_tabs():
+        fake.gate = asyncio.Event()
+        first = asyncio.ensure_future(drain(chat.send(uid, sid, "From tab one", 0.0, 1.0, 64,
+                                                      request=tab("alice", "tab-1"))))
+        await asyncio.sleep(0.01)
+        second = await drain(chat.send(uid, sid, "From tab two", 0.0, 1.0, 64, request=tab("alice", "tab-2")))
+        fake.gate.set()
+        await first
+        return second
+
+    second = asyncio.run(two_tabs())
+    assert "already answering" in warnings[0] and second[-1][1] == "From tab two"  # kept in that tab's box
+    assert [m["role"] for m in chat.store.messages(uid, sid)] == ["user", "assistant"]
+
+
+def test_deleting_a_chat_while_it_streams_stops_the_reply_cleanly(chat, fake, monkeypatch):
+    from ui.chat import ReplyWriter
+
+    monkeypatch.setattr(ReplyWriter, "SAVE_EVERY_S", 0.0)
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    uid, sid = chat.current(None, None, tab("alice"))
+
+    async def delete_mid_reply():
+        updates = []
+        async for update in chat.send(uid, sid, "Tell me everything", 0.0, 1.0, 64, request=tab("alice")):
+            updates.append(update)
+            if len(updates) == 3:
+                chat.store.delete_session(uid, sid)
+        return updates
+
+    asyncio.run(delete_mid_reply())
+    assert "deleted" in warnings[0]
+    assert fake.requests[-1]["request_id"] in fake.aborted  # the engine stopped working on it
+    assert chat.store.session(uid, sid) is None

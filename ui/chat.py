@@ -3,12 +3,14 @@ turn (prompt built token-exactly, reply stored with its ids and timings)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
 
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from engine.sampling_params import SamplingParams
+from storage import StoreError
 from ui.conversation import build_prompt
 
 log = logging.getLogger("pagedchat.ui")
@@ -22,7 +24,8 @@ def reply_footer(m: dict) -> str:
         return ""
     ttft = f"TTFT {m['ttft'] * 1000:.0f} ms · " if m.get("ttft") is not None else ""
     speed = f"{m['tokens_per_s']:.1f} tok/s · " if m.get("tokens_per_s") else ""
-    stopped = " · stopped" if m.get("finish_reason") == "abort" else ""
+    stopped = {"abort": " · stopped", "interrupted": " · interrupted (the server restarted)",
+               "streaming": " · still being written"}.get(m.get("finish_reason"), "")
     return (f"\n\n<sub>{stamp(m)} · {ttft}{speed}prompt {m['prompt_tokens']} (cached {m['cached_tokens']}) · "
             f"{m['generated_tokens']} generated{stopped}</sub>")
 
@@ -59,11 +62,24 @@ class ChatService:
         self.client = client
         self.store = store
         self.active: dict[str, set[str]] = {}  # browser tab (session_hash) -> engine request ids
+        self.busy: set[str] = set()  # chats with a turn in flight (handlers share one event loop)
 
     async def turn(self, user: str, session_id: str, text: str, params: SamplingParams, tab: str,
                    regenerate: bool = False):
         """Yields (messages for display, done). Stores the user message (unless regenerating) and
-        the reply, partial replies included when the turn is stopped."""
+        the reply as it grows, so a stop, a closed tab or a killed process keeps what was written.
+        One turn at a time per chat: a second (another tab) is refused, so turns always alternate."""
+        if session_id in self.busy:
+            raise ValueError("This chat is already answering (in another tab?): wait for the reply or press Stop.")
+        self.busy.add(session_id)
+        try:
+            async with contextlib.aclosing(self._turn(user, session_id, text, params, tab, regenerate)) as updates:
+                async for update in updates:
+                    yield update
+        finally:
+            self.busy.discard(session_id)
+
+    async def _turn(self, user, session_id, text, params, tab, regenerate):
         info = self.client.info
         if info is None:
             raise EngineDeadError(self.client.error or "the model is still loading")
@@ -95,38 +111,27 @@ class ChatService:
             shown = self.store.messages(user, session_id)
             yield display(shown) + [TYPING], False  # the message shows at once; the reply streams under it
         request_id = f"chat-{uuid.uuid4().hex[:12]}"
+        reply = ReplyWriter(self.store, user, session_id, prompt_ids, model)
         self.active.setdefault(tab, set()).add(request_id)
-        start = time.time()
-        last = None
         try:
-            async for last in self.client.generate(prompt_ids, params, request_id=request_id, session_id=session_id):
-                yield display(shown) + [{"role": "assistant", "content": last.outputs[0].text}], False
+            stream = self.client.generate(prompt_ids, params, request_id=request_id, session_id=session_id)
+            async with contextlib.aclosing(stream):  # leaving early aborts the engine request
+                async for out in stream:
+                    reply.save(out, "streaming")
+                    yield display(shown) + [{"role": "assistant", "content": out.outputs[0].text}], False
         except (ValueError, EngineDeadError, EngineOverloadedError):
-            if last is None and not regenerate:  # refused at admission: the text stays in the box, unsent
+            if reply.last is None and not regenerate:  # refused at admission: the text stays in the box, unsent
                 self.store.delete_messages_from(user, session_id, stored)
             raise
+        except StoreError:
+            raise ValueError("This chat was deleted while the reply was being written; the reply stopped.") from None
         except (asyncio.CancelledError, GeneratorExit):  # Stop, a closed tab, or the event closed
-            self._store_reply(user, session_id, last, prompt_ids, start, model, stopped=True)
+            reply.finish("abort")
             raise
         finally:
             self.active.get(tab, set()).discard(request_id)
-        self._store_reply(user, session_id, last, prompt_ids, start, model)
+        reply.finish(reply.last.outputs[0].finish_reason if reply.last else None)
         yield display(self.store.messages(user, session_id)), True
-
-    def _store_reply(self, user, session_id, out, prompt_ids, start, model, stopped=False) -> None:
-        if out is None:
-            return
-        completion = out.outputs[0]
-        m = out.metrics
-        end = (m.finished_time if m and m.finished_time else time.time())
-        first = m.first_token_time if m else None
-        n = len(completion.token_ids)
-        speed = (n - 1) / (end - first) if first and n > 1 and end > first else None
-        self.store.add_message(
-            user, session_id, "assistant", completion.text, completion.token_ids, model=model,
-            finish_reason="abort" if stopped else completion.finish_reason, prompt_tokens=len(prompt_ids),
-            cached_tokens=out.num_cached_tokens, generated_tokens=n,
-            ttft=m.time_to_first_token if m else None, tokens_per_s=speed)
 
     @staticmethod
     def _limit(info, params: SamplingParams) -> int:
@@ -139,3 +144,43 @@ class ChatService:
         for rid in ids:
             self.client.abort(rid)
         return len(ids)
+
+
+class ReplyWriter:
+    """The assistant message as it grows: stored at its first token, rewritten at most every
+    SAVE_EVERY_S seconds while streaming ("streaming"), completed at the end. After a crash the
+    app marks what was left "streaming" as interrupted."""
+    SAVE_EVERY_S = 1.0
+
+    def __init__(self, store, user: str, session_id: str, prompt_ids: list[int], model: str) -> None:
+        self.store, self.user, self.session_id, self.prompt_ids, self.model = store, user, session_id, prompt_ids, model
+        self.message_id: int | None = None
+        self.last = None  # the latest RequestOutput
+        self._saved_at = 0.0
+
+    def save(self, out, reason: str) -> None:
+        self.last = out
+        if self.message_id is None or time.monotonic() - self._saved_at >= self.SAVE_EVERY_S:
+            self._write(reason)
+
+    def finish(self, reason: str | None) -> None:
+        if self.last is not None:
+            self._write(reason)
+
+    def _write(self, reason: str | None) -> None:
+        out = self.last
+        completion, m = out.outputs[0], out.metrics
+        end = m.finished_time if m and m.finished_time else time.time()
+        first = m.first_token_time if m else None
+        n = len(completion.token_ids)
+        fields = dict(model=self.model, finish_reason=reason, prompt_tokens=len(self.prompt_ids),
+                      cached_tokens=out.num_cached_tokens, generated_tokens=n,
+                      ttft=m.time_to_first_token if m else None,
+                      tokens_per_s=(n - 1) / (end - first) if first and n > 1 and end > first else None)
+        if self.message_id is None:
+            self.message_id = self.store.add_message(self.user, self.session_id, "assistant", completion.text,
+                                                     completion.token_ids, **fields)
+        else:
+            self.store.update_message(self.user, self.session_id, self.message_id, completion.text,
+                                      completion.token_ids, **fields)
+        self._saved_at = time.monotonic()

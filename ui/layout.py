@@ -33,7 +33,7 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
     sampler = PanelSampler(client)
     quant_choices, quant_value = operator.initial_choices()
 
-    with gr.Blocks(title="pagedchat") as demo:
+    with gr.Blocks(title="pagedchat", analytics_enabled=False) as demo:  # no usage pings from a customer-facing app
         browser_id = gr.BrowserState(None, storage_key="pagedchat-user", secret=secret)
         user, session, rated = gr.State(None), gr.State(None), gr.State(None)
         with gr.Sidebar(label="Chats", open=True):

@@ -18,7 +18,7 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """The model's own defaults (generation_config.json, else its card), as vLLM's LLM gives them."""
-        return self.engine.model_info(self.engine.config.model).default_sampling()
+        return SamplingParams(**self.engine.sampling_defaults)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
                  priority: list[int] | None = None) -> list[RequestOutput]:

@@ -71,6 +71,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0
         self.eos_token_ids = self._eos_ids()
+        self.sampling_defaults, self.sampling_source = sampling_defaults(self.source)  # read once
         self._tracked: dict[str, _Tracked] = {}
         self._pending: list[RequestOutput] = []  # outputs made outside step() (aborts)
         self._counter = 0
@@ -254,9 +255,9 @@ class LLMEngine:
         self.kv.reset_prefix_cache()
 
     def model_info(self, model: str | None) -> ModelInfo:
-        defaults, source = sampling_defaults(self.source)
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
-                         str(self.device), str(self.dtype).removeprefix("torch."), self.quantization, defaults, source)
+                         str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
+                         self.sampling_defaults, self.sampling_source)
 
     def mean_nll(self, token_ids: list[int]) -> float:
         """Mean negative log-likelihood of a token sequence under the model (quality checks), from

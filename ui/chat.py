@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import uuid
 
@@ -48,6 +49,18 @@ def display(messages: list[dict]) -> list[dict]:
     """Stored messages -> gr.Chatbot's list of {"role", "content"}, with their footers."""
     return [{"role": m["role"], "content": m["content"] + (reply_footer(m) if m["role"] == "assistant"
                                                            else user_footer(m))} for m in messages]
+
+
+FOOTER = re.compile(r"\n\n<sub>.*</sub>\s*$", re.S)
+
+
+
+
+def plain_text(content) -> str:
+    """A chatbot value (a string, or content parts from the browser) without our footer."""
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return FOOTER.sub("", str(content or ""))
 
 
 def feedback_values(messages: list[dict]) -> list[str | None]:

@@ -4,32 +4,19 @@ and run as well against a fake EngineClient in tests."""
 from __future__ import annotations
 
 import contextlib
-import re
 import uuid
 
 import gradio as gr
 
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from ui import transfer
-from ui.chat import TYPING, ChatService, display, feedback_values
+from ui.chat import TYPING, ChatService, display, feedback_values, plain_text
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError)  # shown to the user as a warning
 # The chat's own sampling default beside the model's: with SmolLM2's card values alone (temperature
 # 0.2, top-p 0.9) 5 of 6 second replies looped, a sentence repeated 12-36 times; with 1.1, none did.
 CHAT_REPETITION_PENALTY = 1.1
-FOOTER = re.compile(r"\n\n<sub>.*</sub>\s*$", re.S)
-
-
-
-
-def plain_text(content) -> str:
-    """A chatbot value (a string, or content parts from the browser) without our footer."""
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return FOOTER.sub("", str(content or ""))
-
-
 class ChatHandlers:
     def __init__(self, client: EngineClient, store) -> None:
         self.client = client

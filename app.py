@@ -3,7 +3,8 @@ one port. The composition root: flags -> EngineConfig -> an EngineClient (the en
 process, or remote engine pods with --engine-url) -> the API routes and the UI -> uvicorn.
 
     python app.py                              # http://127.0.0.1:7860
-    python app.py --db chats.db --auth alice:secret --model path/to/model.gguf
+    python -m server.auth add-user logins.txt alice     # asks for alice's password, stores its hash
+    python app.py --db chats.db --auth-file logins.txt --admin alice --model path/to/model.gguf
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 from engine.checkpoint.source import DEFAULT_MODEL_NAME
 from engine.client import EngineClient
 from engine.config import EngineConfig, add_engine_args, config_from_args
-from server.cli import add_server_args, serve
+from server.auth import Credentials, VisitorCookie, read_secret
+from server.middleware import VisitorCookieMiddleware
+from server.cli import add_server_args, credentials_from_args, limiter_from_args, serve
 from server.logs import setup_logging
 from storage import Store, StoreError
 
@@ -28,13 +31,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_engine_args(p)
     add_server_args(p, port=7860)
     p.add_argument("--db", default="pagedchat.db", help="SQLite file for users, chats and messages")
-    p.add_argument("--auth", action="append", default=[], metavar="USER:PASSWORD",
-                   help="require a login (repeatable); without it each browser is its own user")
-    p.add_argument("--admin", action="append", default=[], metavar="USER",
-                   help="an --auth user who operates: switches models, simulates load, reviews rated replies "
-                        "(repeatable; without it nobody sees those controls)")
-    p.add_argument("--secret", default=os.environ.get("PAGEDCHAT_SECRET"),
-                   help="signs the per-browser user id (default: one made once and kept in the database)")
+    p.add_argument("--auth-file", default=os.environ.get("PAGEDCHAT_AUTH_FILE"), metavar="PATH",
+                   help="logins, `NAME:scrypt$...` lines made by `python -m server.auth add-user PATH NAME`; "
+                        "without logins or API keys each browser is its own visitor (a signed cookie)")
+    p.add_argument("--secret-file", default=os.environ.get("PAGEDCHAT_SECRET_FILE"), metavar="PATH",
+                   help="the key that signs visitor cookies (default: $PAGEDCHAT_SECRET, else one made once and "
+                        "kept in the database)")
+    p.add_argument("--cache-isolation", choices=("shared", "user"), default="shared",
+                   help="'user': each user's chats reuse only their own cached prefixes (no cross-user timing "
+                        "signal; costs the shared system prompt's reuse); 'shared' (default): all users share")
     p.add_argument("--models", action="append", default=[], metavar="PATH",
                    help="extra models (folders or .gguf files) offered in the UI's model switcher")
     p.add_argument("--engine-url", default=None, metavar="URL",
@@ -43,25 +48,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def make_client(config: EngineConfig, engine_url: str | None, api_key: str | None) -> EngineClient:
-    """The engine in this process (loading in the background), or the remote engine pods."""
+def make_client(config: EngineConfig, engine_url: str | None) -> EngineClient:
+    """The engine in this process (loading in the background), or the remote engine pods (called with
+    the key in $PAGEDCHAT_ENGINE_API_KEY, if they want one)."""
     if engine_url:
         from server.remote import RemoteLLM
 
-        return RemoteLLM(engine_url, config.model, api_key=api_key)
+        return RemoteLLM(engine_url, config.model, api_key=os.environ.get("PAGEDCHAT_ENGINE_API_KEY"))
     from engine.async_llm import AsyncLLM
 
     return AsyncLLM(config)
-
-
-def parse_auth(items: list[str]) -> list[tuple[str, str]]:
-    users = []
-    for item in items:
-        name, sep, password = item.partition(":")
-        if not sep or not name or not password:
-            raise ValueError(f"--auth takes USER:PASSWORD, got {item!r}")
-        users.append((name, password))
-    return users
 
 
 def model_choices(config: EngineConfig, extra: list[str]) -> dict[str, str | None]:
@@ -84,18 +80,29 @@ def build_app(args: argparse.Namespace):
     cut = store.mark_interrupted()
     if cut:
         log.info("%d reply(ies) were cut by the last shutdown; they are shown as interrupted", cut)
-    users = parse_auth(args.auth)
-    unknown = set(args.admin) - {name for name, _ in users}
-    if unknown:
-        raise ValueError(f"--admin names users who log in with --auth; not among them: {', '.join(sorted(unknown))}")
+    credentials = credentials_from_args(args, args.auth_file)
+    limiter = limiter_from_args(args, credentials)
     config = config_from_args(args)
-    client = make_client(config, args.engine_url, args.api_key)
-    api = create_app(client, api_key=args.api_key, served_model_name=args.served_model_name,
+    client = make_client(config, args.engine_url)
+    api = create_app(client, credentials=credentials, limiter=limiter, served_model_name=args.served_model_name,
                      log_text=args.log_message_text, max_request_bytes=args.max_request_bytes)
+    visitors = None if credentials.required else VisitorCookie(visitor_secret(args, store))
+    if visitors is not None:
+        api.add_middleware(VisitorCookieMiddleware, cookie=visitors)
     demo = build_ui(client, store, models=model_choices(config, args.models), quantization=config.quantization,
-                    operators=set(args.admin), secret=args.secret or store.secret())
-    app = gr.mount_gradio_app(api, demo, path="/", auth=users or None, footer_links=[], run_history=False)
+                    credentials=credentials, limiter=limiter, visitors=visitors,
+                    salt_by_user=args.cache_isolation == "user")
+    app = gr.mount_gradio_app(api, demo, path="/", auth=login(credentials), footer_links=[], run_history=False)
     return app, client
+
+
+def visitor_secret(args: argparse.Namespace, store: Store) -> str:
+    return read_secret(args.secret_file) or os.environ.get("PAGEDCHAT_SECRET") or store.secret()
+
+
+def login(credentials: Credentials):
+    """The page's login check: whatever protects the API protects the page (logins, or key name + key)."""
+    return credentials.check_login if credentials.required else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_format)
     try:
         app, client = build_app(args)
-    except (StoreError, ValueError) as e:
+    except (StoreError, OSError, ValueError) as e:
         print(f"pagedchat: {e}", file=sys.stderr)
         return 2
     log.info("serving the chat at http://%s:%d/ and the API at /v1 (the model loads in the background)",

@@ -75,7 +75,8 @@ class AsyncLLM:
 
     # ---- requests (any thread / event loop) -----------------------------------------------
     async def generate(self, prompt: str | list[int], params: SamplingParams, *, request_id: str | None = None,
-                       priority: int = 0, session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, session_id: str | None = None,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per step with new text; the last has finished=True. If the caller
         stops iterating (client gone, task cancelled), the request is aborted at once."""
         if not self.ready:
@@ -88,7 +89,7 @@ class AsyncLLM:
         def add() -> None:
             try:
                 self._engine.add_request(prompt, params, request_id=request_id, priority=priority,
-                                         session_id=session_id)
+                                         session_id=session_id, cache_salt=cache_salt)
                 self._streams[request_id] = stream
                 added.set_result(None)
             except Exception as e:  # noqa: BLE001 - handed to the caller as is
@@ -120,6 +121,11 @@ class AsyncLLM:
         if not self.ready:
             return None
         return self.run_on_engine_thread(take_snapshot, timeout=30)
+
+    def reset_prefix_cache(self) -> None:
+        if not self.ready:
+            raise EngineDeadError(self.error or "the engine is still loading")
+        self.run_on_engine_thread(lambda engine: engine.reset_prefix_cache())
 
     def metrics_text(self) -> bytes:
         return self.metrics.exposition() if self.metrics is not None else b""

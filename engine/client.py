@@ -78,17 +78,22 @@ class EngineClient(Protocol):
     def wait_ready(self, timeout: float | None = None) -> bool: ...
 
     def generate(self, prompt: str | list[int], params: SamplingParams, *, request_id: str | None = None,
-                 priority: int = 0, session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                 priority: int = 0, session_id: str | None = None,
+                 cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         """One RequestOutput per step with news; the last has finished=True. Refusals (bad input,
         ContextLengthError, EngineOverloadedError, EngineDeadError) raise at the first iteration.
         Leaving the loop early aborts the request. `session_id` groups one conversation's requests
-        (the panel colours their pages; a remote client routes on it)."""
+        (the panel colours their pages; a remote client routes on it).
+        Only requests with the same `cache_salt` share cached prefixes."""
 
     def abort(self, request_id: str) -> None: ...
 
     def snapshot(self) -> dict | None:
         """What the live panel shows (stats, each block's BlockState and owner, memory), or None
         where the engine runs elsewhere."""
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (an operator's action); requests in flight go on."""
 
     def metrics_text(self) -> bytes:
         """Prometheus exposition of the engine's metrics (empty where there are none)."""

@@ -7,21 +7,43 @@ app.py shares with it.
 from __future__ import annotations
 
 import argparse
+import os
 
 from engine.config import EngineConfig, add_engine_args, config_from_args
+from server.auth import Credentials, read_api_keys, read_users
+from server.limits import UserLimiter
 from server.logs import add_logging_args, setup_logging
 from server.routes import MAX_REQUEST_BYTES
 
+DEFAULT_PER_USER = 16  # requests in flight per user: a chat or two per tab, or a modest batch job
+
 
 def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
-    """Flags of every HTTP front: where to listen, the API key, the served name, logging."""
+    """Flags of every HTTP front: where to listen, who may call, the served name, logging."""
     parser.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 only inside a container)")
     parser.add_argument("--port", type=int, default=port)
-    parser.add_argument("--api-key", default=None, help="require this Bearer token on /v1")
+    parser.add_argument("--api-key-file", default=os.environ.get("PAGEDCHAT_API_KEY_FILE"), metavar="PATH",
+                        help="API keys, one `NAME:KEY` per line; with any key (or $PAGEDCHAT_API_KEY) every "
+                             "call needs `Authorization: Bearer KEY`")
+    parser.add_argument("--admin", action="append", default=[], metavar="NAME",
+                        help="an operator: a login or an API key's name (repeatable). Operators switch models, "
+                             "simulate load, reset the prefix cache, review ratings, and are not capped")
+    parser.add_argument("--max-concurrent-per-user", type=int, default=DEFAULT_PER_USER, metavar="N",
+                        help="requests in flight per user / key / address; over it: 429 + Retry-After "
+                             f"(0: no cap; default {DEFAULT_PER_USER})")
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
                         help="API request bodies over this get 413 before they are parsed")
     add_logging_args(parser)
+
+
+def credentials_from_args(args: argparse.Namespace, auth_file: str | None = None) -> Credentials:
+    return Credentials(keys=read_api_keys(args.api_key_file), users=read_users(auth_file),
+                       operators=frozenset(args.admin))
+
+
+def limiter_from_args(args: argparse.Namespace, credentials: Credentials) -> UserLimiter:
+    return UserLimiter(args.max_concurrent_per_user, exempt=credentials.operators)
 
 
 def serve(app, host: str, port: int, on_exit, log_level: str = "warning") -> None:
@@ -34,7 +56,8 @@ def serve(app, host: str, port: int, on_exit, log_level: str = "warning") -> Non
         on_exit()
 
 
-def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000,
+               credentials: Credentials | None = None, limiter: UserLimiter | None = None,
                served_model_name: str | None = None, log_level: str = "info", log_format: str = "text",
                log_text: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES, **engine_options) -> None:
     """Load the model in the background and serve; /health says 503 until it is ready."""
@@ -43,8 +66,8 @@ def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int =
 
     setup_logging(log_format)
     llm = AsyncLLM(EngineConfig(model=model, **engine_options))
-    app = create_app(llm, api_key=api_key, served_model_name=served_model_name, log_text=log_text,
-                     max_request_bytes=max_request_bytes)
+    app = create_app(llm, credentials=credentials, limiter=limiter, served_model_name=served_model_name,
+                     log_text=log_text, max_request_bytes=max_request_bytes)
     serve(app, host, port, llm.shutdown, log_level)
 
 
@@ -55,9 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-    except ValueError as e:
+        credentials = credentials_from_args(args)
+        limiter = limiter_from_args(args, credentials)
+    except (OSError, ValueError) as e:
         parser.error(str(e))
     options = {k: v for k, v in config.__dict__.items() if k != "model"}
-    run_server(config.model, host=args.host, port=args.port, api_key=args.api_key,
+    run_server(config.model, host=args.host, port=args.port, credentials=credentials, limiter=limiter,
                served_model_name=args.served_model_name, log_format=args.log_format,
                log_text=args.log_message_text, max_request_bytes=args.max_request_bytes, **options)

@@ -1,8 +1,11 @@
-"""ASGI middleware of the API: X-Request-Id, and a request-size limit applied before parsing."""
+"""ASGI middleware: X-Request-Id, a request-size limit applied before parsing (the API), and the
+visitor cookie (the chat page)."""
 from __future__ import annotations
 
 import json
+from http.cookies import SimpleCookie
 
+from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.protocol import error_body, new_id
 
 API_PATHS = ("/v1/", "/tokenize", "/detokenize")  # the Gradio UI mounted beside it has its own limits
@@ -69,3 +72,37 @@ class RequestIdMiddleware:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode("latin-1"))]
             await send(message)
         await self.app(scope, receive, send_with_id)
+
+
+class VisitorCookieMiddleware:
+    """Gives every browser without a valid visitor cookie a new one: set on the response (HttpOnly,
+    SameSite=Lax) and put into this request's own headers, so its first request already has it."""
+
+    def __init__(self, app, cookie: VisitorCookie, secure: bool = False) -> None:
+        self.app, self.cookie, self.secure = app, cookie, secure
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"].startswith((*API_PATHS, "/health", "/metrics")):
+            return await self.app(scope, receive, send)
+        jar = SimpleCookie()
+        for name, value in scope["headers"]:
+            if name == b"cookie":
+                try:
+                    jar.load(value.decode("latin-1"))
+                except Exception:  # noqa: BLE001 - a malformed cookie header counts as none
+                    pass
+        if VISITOR_COOKIE in jar and self.cookie.visitor(jar[VISITOR_COOKIE].value):
+            return await self.app(scope, receive, send)
+        value = self.cookie.issue()
+        headers = [(k, v) for k, v in scope["headers"] if k != b"cookie"]
+        others = "; ".join(f"{k}={m.value}" for k, m in jar.items() if k != VISITOR_COOKIE)
+        headers.append((b"cookie", f"{others + '; ' if others else ''}{VISITOR_COOKIE}={value}".encode()))
+        set_cookie = (f"{VISITOR_COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age=31536000"
+                      f"{'; Secure' if self.secure else ''}").encode()
+
+        async def send_with_cookie(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", set_cookie)]}
+            await send(message)
+
+        await self.app({**scope, "headers": headers}, receive, send_with_cookie)

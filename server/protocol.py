@@ -64,6 +64,9 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     priority: int = 0
     user: str | None = None
+    # vLLM's: mixed into the hash of the prompt's first block, so only requests with the same salt share
+    # cached prefixes (tenants that must not learn from each other's timing).
+    cache_salt: str | None = Field(None, min_length=1, max_length=256)
     return_token_ids: bool = False  # extension (as in vLLM): each choice / chunk carries its token ids
 
     def requested_max_tokens(self) -> int | None:

@@ -20,6 +20,7 @@ from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, s
 from engine.client import EngineDeadError, EngineOverloadedError, ModelInfo
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
+from server.limits import TooManyRequestsError
 
 
 class RemoteLLM:
@@ -82,12 +83,15 @@ class RemoteLLM:
 
     # ---- requests ---------------------------------------------------------------------------
     async def generate(self, prompt: list[int], params: SamplingParams, *, request_id: str | None = None,
-                       priority: int = 0, session_id: str | None = None) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, session_id: str | None = None,
+                       cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         if not self.ready or self._info is None:
             raise EngineDeadError(self.error or "the engine is not answering yet")
         request_id = request_id or f"remote-{time.time_ns()}"
         body = {"model": self._info.name, "prompt": list(prompt), "stream": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True}, "priority": priority, **_sampling_fields(params)}
+        if cache_salt:
+            body["cache_salt"] = cache_salt
         headers = {**self._headers, "X-Request-Id": request_id, "X-Session-Id": session_id or request_id}
         metrics = RequestMetrics(time.time(), None, None, None)
         text, ids, reason, cached = "", [], None, 0
@@ -124,6 +128,12 @@ class RemoteLLM:
             loop, response = entry
             asyncio.run_coroutine_threadsafe(response.aclose(), loop)
 
+    def reset_prefix_cache(self) -> None:
+        """Resets the engine this call reaches (behind a load balancer: one pod of several)."""
+        r = httpx.post(f"{self._base}/reset_prefix_cache", headers=self._headers, timeout=30)
+        if r.status_code != 200:
+            raise _refusal(r.status_code, r.content)
+
     # ---- what only an in-process engine has ---------------------------------------------------
     def snapshot(self) -> dict | None:
         return None
@@ -146,6 +156,8 @@ def _refusal(status: int, body: bytes) -> Exception:
         message = json.loads(body).get("error", {}).get("message") or body.decode(errors="replace")
     except ValueError:
         message = body.decode(errors="replace")
+    if status == 429:
+        return TooManyRequestsError(message)
     if status == 503:
         return EngineOverloadedError(message) if "overloaded" in message else EngineDeadError(message)
     return ValueError(message)

@@ -7,17 +7,17 @@ import asyncio
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.client import ContextLengthError, EngineClient, EngineDeadError, EngineOverloadedError, ModelInfo
+from engine.client import EngineClient, ModelInfo
+from server.auth import Credentials
+from server.errors import APIError, bad_request, install_error_handlers, param_of
+from server.limits import UserLimiter
 from server.logs import log_request
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
                              TokenizeRequest, error_body, new_id, now, usage)
-from server.streaming import (APIError, bad_request, chat_events, collect, completion_events, finish_reason, sse,
-                              started)
+from server.streaming import chat_events, collect, completion_events, finish_reason, sse, started
 
 PROMETHEUS = "text/plain; version=0.0.4"
 
@@ -27,21 +27,24 @@ MAX_REQUEST_BYTES = 4 << 20
 
 @dataclass
 class Settings:
-    api_key: str | None = None
+    credentials: Credentials
+    limiter: UserLimiter
     served_model_name: str | None = None
     log_text: bool = False  # log prompts and completions (off: never logged)
 
 
-def create_app(client: EngineClient, *, api_key: str | None = None, served_model_name: str | None = None,
-               log_text: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
+def create_app(client: EngineClient, *, credentials: Credentials | None = None, limiter: UserLimiter | None = None,
+               served_model_name: str | None = None, log_text: bool = False,
+               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
+    """credentials: API keys (and logins); once there are any, every API call needs a key.
+    limiter: the per-user cap, shared with the chat page when both run in one process."""
     app = FastAPI(title="pagedchat", docs_url=None, redoc_url=None)
     app.add_middleware(BodySizeLimitMiddleware, limit=max_request_bytes)
     app.add_middleware(RequestIdMiddleware)
     app.state.client = client
-    app.state.settings = Settings(api_key, served_model_name, log_text)
+    app.state.settings = Settings(credentials or Credentials(), limiter or UserLimiter(0), served_model_name, log_text)
     app.include_router(router)
-    for error, handler in ERROR_HANDLERS.items():
-        app.add_exception_handler(error, handler)
+    install_error_handlers(app)
     return app
 
 
@@ -63,9 +66,30 @@ def served_name(request: Request, info: ModelInfo) -> str:
 
 
 async def check_key(request: Request) -> None:
-    key = request.app.state.settings.api_key
-    if key and request.headers.get("authorization", "") != f"Bearer {key}":
-        raise APIError(401, "missing or invalid API key", "authentication_error", code="invalid_api_key")
+    """Once the server has keys or logins, every call needs a key; its name is the caller's."""
+    credentials = request.app.state.settings.credentials
+    request.state.key_name = credentials.key_name(request.headers.get("authorization"))
+    if credentials.required and request.state.key_name is None:
+        raise APIError(401, "missing or invalid API key (send `Authorization: Bearer KEY`)", "authentication_error",
+                       code="invalid_api_key")
+
+
+def take_slot(request: Request):
+    """A slot under the per-user cap (the key's name, else the client's address); returns its release."""
+    name = request.state.key_name
+    user = f"key:{name}" if name else f"ip:{request.client.host if request.client else '?'}"
+    limiter = request.app.state.settings.limiter
+    limiter.acquire(user, name)
+    return lambda: limiter.release(user)
+
+
+async def holding(stream, release):
+    """`stream`, releasing the caller's slot when it ends however it ends."""
+    try:
+        async for out in stream:
+            yield out
+    finally:
+        release()
 
 
 def check_model(request: Request, info: ModelInfo, name: str | None) -> None:
@@ -129,9 +153,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     ids = await asyncio.to_thread(render_chat, info, body)
     params = sampling(info, body, ids)
     rid, created, name = new_id("chatcmpl"), now(), served_name(request, info)
-    stream = engine_client(request).generate(ids, params, request_id=rid, priority=body.priority,
-                                             session_id=request.headers.get("x-session-id"))
     on_finish = finish_logger(request, len(ids), body.messages)
+    release = take_slot(request)
+    stream = holding(engine_client(request).generate(ids, params, request_id=rid, priority=body.priority,
+                                                     session_id=request.headers.get("x-session-id"),
+                                                     cache_salt=body.cache_salt), release)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse(chat_events(await started(stream), rid, name, created, len(ids), include_usage,
@@ -155,19 +181,26 @@ async def completions(body: CompletionRequest, request: Request):
                for p in body.prompts()]
     if not prompts:
         raise bad_request("prompt is empty", "prompt")
+    if body.stream and len(prompts) != 1:
+        raise bad_request("streaming takes a single prompt", "prompt")
     params = [sampling(info, body, ids) for ids in prompts]
     rid, created, name = new_id("cmpl"), now(), served_name(request, info)
     client, session = engine_client(request), request.headers.get("x-session-id")
+
+    def generate(i: int):
+        return client.generate(prompts[i], params[i], request_id=rid if body.stream else f"{rid}-{i}",
+                               priority=body.priority, session_id=session, cache_salt=body.cache_salt)
+
+    release = take_slot(request)  # one slot for the whole request, however many prompts it carries
     if body.stream:
-        if len(prompts) != 1:
-            raise bad_request("streaming takes a single prompt", "prompt")
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = client.generate(prompts[0], params[0], request_id=rid, priority=body.priority, session_id=session)
-        return sse(completion_events(await started(stream), rid, name, created, len(prompts[0]), include_usage,
-                                     body.return_token_ids, finish_logger(request, len(prompts[0]), body.prompt)))
-    finals = await asyncio.gather(*(
-        collect(client.generate(ids, p, request_id=f"{rid}-{i}", priority=body.priority, session_id=session), request)
-        for i, (ids, p) in enumerate(zip(prompts, params))))
+        return sse(completion_events(await started(holding(generate(0), release)), rid, name, created,
+                                     len(prompts[0]), include_usage, body.return_token_ids,
+                                     finish_logger(request, len(prompts[0]), body.prompt)))
+    try:
+        finals = await asyncio.gather(*(collect(generate(i), request) for i in range(len(prompts))))
+    finally:
+        release()
     choices, completion_tokens, cached = [], 0, 0
     for i, final in enumerate(finals):
         finish_logger(request, len(prompts[i]), body.prompt)(final)
@@ -180,6 +213,28 @@ async def completions(body: CompletionRequest, request: Request):
         cached += final.num_cached_tokens
     return {"id": rid, "object": "text_completion", "created": created, "model": name, "choices": choices,
             "usage": usage(sum(map(len, prompts)), completion_tokens, cached)}
+
+
+@router.post("/reset_prefix_cache", dependencies=guarded)
+async def reset_prefix_cache(request: Request):
+    """Operators only (a key whose name is given to --admin): forget every cached prefix."""
+    if request.state.key_name not in request.app.state.settings.credentials.operators:
+        raise APIError(403, "resetting the prefix cache needs an operator's key (a key named in --admin)",
+                       "permission_error", code="not_operator")
+    model_info(request)
+    await asyncio.to_thread(engine_client(request).reset_prefix_cache)
+    return {"reset": True}
+
+
+@router.api_route("/v1/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
+                  include_in_schema=False)
+async def unknown_api_route(request: Request):
+    """Everything else under /v1 is the API's to refuse (in OpenAI's shape), even with the chat page
+    mounted at / behind it: 405 for a route that exists under another method, else 404."""
+    path = request.url.path
+    if any(getattr(route, "path", None) == path for route in router.routes if route.endpoint is not unknown_api_route):
+        raise APIError(405, f"{request.method} is not allowed on {path}.", "invalid_request_error")
+    raise APIError(404, f"No route {path}.", "invalid_request_error")
 
 
 # ---- helpers ------------------------------------------------------------------------------
@@ -206,7 +261,7 @@ def sampling(info: ModelInfo, body: SamplingFields, ids: list[int]):
     try:
         return body.sampling_params(room=max(limit - len(ids), 1), defaults=info.sampling_defaults)
     except ValueError as e:
-        raise bad_request(str(e), _param_of(str(e))) from None
+        raise bad_request(str(e), param_of(str(e))) from None
 
 
 def finish_logger(request: Request, prompt_len: int, prompt):
@@ -214,58 +269,3 @@ def finish_logger(request: Request, prompt_len: int, prompt):
         log_request(getattr(request.state, "request_id", None), request.headers.get("x-session-id"), final,
                     prompt_len, request.app.state.settings.log_text, prompt)
     return on_finish
-
-
-def _param_of(message: str) -> str | None:
-    word = message.split(" ", 1)[0]
-    return word if word.isidentifier() else None
-
-
-# ---- errors, all in OpenAI's shape --------------------------------------------------------
-async def _api_error(_: Request, e: APIError):
-    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status,
-                        headers={"Retry-After": "5"} if e.status == 503 else None)
-
-
-async def _validation_error(_: Request, e: RequestValidationError):
-    first = e.errors()[0] if e.errors() else {}
-    if first.get("type") == "json_invalid":
-        where = first.get("loc", ("body", "?"))[-1]
-        return JSONResponse(error_body(f"The request body is not valid JSON (error at character {where}: "
-                                       f"{first.get('ctx', {}).get('error', 'parse error')}).",
-                                       "invalid_request_error"), status_code=400)
-    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-    msg = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
-                    for err in e.errors()[:5])
-    return JSONResponse(error_body(msg or "invalid request", "invalid_request_error", where), status_code=400)
-
-
-async def _context_length(request: Request, e: ContextLengthError):
-    param = "messages" if e.field == "prompt" and request.url.path.endswith("chat/completions") else e.field
-    return JSONResponse(error_body(str(e), "invalid_request_error", param), status_code=400)
-
-
-async def _overloaded(_: Request, e: EngineOverloadedError):
-    return JSONResponse(error_body(str(e), "service_unavailable", code="overloaded"), status_code=503,
-                        headers={"Retry-After": "1"})
-
-
-async def _dead(_: Request, e: EngineDeadError):
-    return JSONResponse(error_body(str(e), "service_unavailable"), status_code=503, headers={"Retry-After": "5"})
-
-
-async def _http_error(request: Request, e: StarletteHTTPException):
-    """404 and 405 in OpenAI's shape too."""
-    message = {404: f"No route {request.url.path}.",
-               405: f"{request.method} is not allowed on {request.url.path}."}.get(e.status_code, str(e.detail))
-    return JSONResponse(error_body(message, "invalid_request_error"), status_code=e.status_code,
-                        headers=getattr(e, "headers", None))
-
-
-async def _invalid(_: Request, e: ValueError):
-    return JSONResponse(error_body(str(e), "invalid_request_error", _param_of(str(e))), status_code=400)
-
-
-ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _validation_error, StarletteHTTPException: _http_error,
-                  ContextLengthError: _context_length, EngineOverloadedError: _overloaded, EngineDeadError: _dead,
-                  ValueError: _invalid}

@@ -10,19 +10,8 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from engine.client import EngineDeadError, EngineOverloadedError
+from server.errors import APIError
 from server.protocol import chat_chunk, completion_chunk, error_body, usage
-
-
-class APIError(Exception):
-    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, type_: str, param: str | None = None, code=None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, "invalid_request_error", param)
 
 
 def finish_reason(out) -> str | None:

@@ -16,6 +16,7 @@ class FakeEngineClient:
         self.state, self.error = "ready", None
         self.info = ModelInfo(name, None, tokenizer, max_model_len, len(tokenizer), "cpu", "float32", "none")
         self.reply_ids = tokenizer.encode(reply, add_special_tokens=False)
+        self.resets = 0
         self.requests: list[dict] = []  # every admitted request: prompt, params, request_id, session_id
         self.aborted: list[str] = []
         self.refuse_with: Exception | None = None  # raised at admission when set
@@ -29,7 +30,8 @@ class FakeEngineClient:
     def wait_ready(self, timeout: float | None = None) -> bool:
         return self.ready
 
-    async def generate(self, prompt, params: SamplingParams, *, request_id=None, priority=0, session_id=None):
+    async def generate(self, prompt, params: SamplingParams, *, request_id=None, priority=0, session_id=None,
+                       cache_salt=None):
         ids = list(prompt) if not isinstance(prompt, str) else self.info.tokenizer.encode(prompt)
         if self.refuse_with is not None:
             raise self.refuse_with
@@ -37,7 +39,8 @@ class FakeEngineClient:
             raise ContextLengthError(f"prompt is {len(ids)} tokens but max_model_len is {self.info.max_model_len}",
                                      "prompt")
         request_id = request_id or f"fake-{len(self.requests)}"
-        self.requests.append({"prompt": ids, "params": params, "request_id": request_id, "session_id": session_id})
+        self.requests.append({"prompt": ids, "params": params, "request_id": request_id, "session_id": session_id,
+                              "cache_salt": cache_salt})
         tokens = self.reply_ids[:params.max_tokens] if params.max_tokens else self.reply_ids
         arrival, done = time.time(), False
         try:
@@ -63,6 +66,9 @@ class FakeEngineClient:
 
     def snapshot(self) -> dict | None:
         return None
+
+    def reset_prefix_cache(self) -> None:
+        self.resets += 1
 
     def metrics_text(self) -> bytes:
         return b"# fake\n"

@@ -1,6 +1,7 @@
 """A real server on 127.0.0.1 and a free port, in a thread, for the end-to-end tests."""
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -45,3 +46,13 @@ def wait_for(condition, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def logins_file(folder, **passwords: str) -> str:
+    """An --auth-file with these logins (name=password), hashed as `python -m server.auth add-user` does."""
+    from server.auth import hash_password
+
+    path = os.path.join(str(folder), "logins.txt")
+    with open(path, "w") as f:
+        f.writelines(f"{name}:{hash_password(password)}\n" for name, password in passwords.items())
+    return path

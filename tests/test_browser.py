@@ -14,11 +14,29 @@ SCREENSHOT_DIR = os.environ.get("PAGEDCHAT_SCREENSHOTS", "test-artifacts")
 
 
 @pytest.fixture(scope="module")
-def app_url(tmp_path_factory):
+def served(tmp_path_factory):
     db = str(tmp_path_factory.mktemp("browser") / "chat.db")
     app, llm = build_app(parse_args(["--db", db, "--num-kv-blocks", "512", "--max-model-len", "2048"]))
     with LiveServer(llm, app) as server:
-        yield server.url
+        server.db = db
+        yield server
+
+
+@pytest.fixture(scope="module")
+def app_url(served):
+    return served.url
+
+
+def test_the_page_publishes_no_signing_secret(served):
+    import httpx
+
+    from storage import Store
+
+    page = httpx.get(served.url)
+    config = httpx.get(f"{served.url}/config", cookies=page.cookies)
+    assert "pagedchat_visitor" in page.headers["set-cookie"] and "HttpOnly" in page.headers["set-cookie"]
+    assert config.status_code == 200 and Store(served.db).secret() not in page.text + config.text
+    assert '"secret"' not in config.text
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +85,14 @@ def test_chat_in_a_real_browser(app_url, page):
     expect(page.locator("#sessions label")).to_have_count(2)
 
     page.reload()  # history comes back from SQLite, for the same browser
+    expect(page.locator("#sessions label")).to_have_count(2)
+    visitor = [c for c in page.context.cookies() if c["name"] == "pagedchat_visitor"]
+    assert visitor and visitor[0]["httpOnly"] and "pagedchat_visitor" not in page.evaluate("document.cookie")
+    page.context.clear_cookies()  # another browser (or a forged id) is another visitor: none of these chats
+    page.reload()
+    expect(page.locator("#sessions label")).to_have_count(1)
+    page.context.add_cookies(visitor)
+    page.reload()
     expect(page.locator("#sessions label")).to_have_count(2)
     page.locator("#sessions label").filter(has_text="Hi!").click()
     expect(page.locator("#chatbot [data-testid='bot']").last).to_contain_text(first_reply.split("\n")[0][:40])

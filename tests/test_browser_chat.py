@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from app import build_app, parse_args
-from tests.serving import LiveServer
+from tests.serving import LiveServer, logins_file
 from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR
 
 
@@ -19,7 +19,7 @@ def app_url(tmp_path_factory, tiny_chat_model):
     folder = tmp_path_factory.mktemp("browser-chat")
     db = str(folder / "chat.db")
     args = parse_args(["--db", db, "--model", path, "--dtype", "float32", "--num-kv-blocks", "512",
-                       "--auth", "alice:pw-a", "--auth", "bob:pw-b", "--admin", "alice"])
+                       "--auth-file", logins_file(folder, alice="pw-a", bob="pw-b"), "--admin", "alice"])
     app, llm = build_app(args)
     with LiveServer(llm, app) as server:
         server.db = db

@@ -11,7 +11,7 @@ import sys
 import httpx
 from gradio_client import Client
 
-from tests.serving import wait_for
+from tests.serving import logins_file, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ def start_app(model: str, db: str) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "app.py", "--model", model, "--dtype", "float32", "--num-kv-blocks", "512",
-                             "--db", db, "--port", str(port), "--auth", "alice:pw-a"], cwd=ROOT,
+                             "--db", db, "--port", str(port), "--auth-file", logins_file(os.path.dirname(db), alice="pw-a")], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
 

@@ -3,9 +3,11 @@ streaming framing, what the engine is asked for."""
 import json
 
 import pytest
+from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from engine.client import EngineDeadError, EngineOverloadedError
+from server.auth import Credentials
 from server.routes import create_app
 from tests.fakes import FakeEngineClient
 
@@ -101,9 +103,10 @@ def test_bad_requests_name_the_field(http, path, body, param):
 
 
 def test_unknown_model_loading_engine_and_api_key(fake, smol_tokenizer):
-    http = TestClient(create_app(fake, api_key="k", served_model_name="support-bot"))
+    http = TestClient(create_app(fake, credentials=Credentials(keys={"k-123456": "shop"}),
+                                 served_model_name="support-bot"))
     assert http.post("/v1/chat/completions", json={"messages": HELLO}).status_code == 401
-    auth = {"Authorization": "Bearer k"}
+    auth = {"Authorization": "Bearer k-123456"}
     assert http.get("/v1/models", headers=auth).json()["data"][0]["id"] == "support-bot"
     r = http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": HELLO}, headers=auth)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
@@ -146,7 +149,12 @@ def test_fields_not_implemented_are_refused_by_name(http, fake, path, field, val
                                  "max_tokens": 2} if "chat" in path else {**body, "max_tokens": 2}).status_code == 200
 
 
-def test_malformed_bodies_and_unknown_routes_answer_in_openai_shape(http):
+@pytest.mark.parametrize("page_behind", [False, True])
+def test_malformed_bodies_and_unknown_routes_answer_in_openai_shape(fake, page_behind):
+    app = create_app(fake)
+    if page_behind:  # as in app.py, where the chat page is mounted at / behind the API
+        app.mount("/", lambda scope, receive, send: JSONResponse({"detail": "Not Found"}, 404)(scope, receive, send))
+    http = TestClient(app)
     r = http.post("/v1/chat/completions", content=b'{"messages": [', headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = http.post("/v1/chat/completions", content=b'\xff\xfe{"a"', headers={"Content-Type": "application/json"})

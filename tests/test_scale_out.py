@@ -9,12 +9,13 @@ import sys
 import httpx
 import pytest
 from gradio_client import Client
+from gradio_client.exceptions import AuthenticationError
 
 from app import build_app, parse_args
 from engine import EngineConfig
 from engine.async_llm import AsyncLLM
 from storage import Store
-from tests.serving import LiveServer
+from tests.serving import LiveServer, logins_file
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,8 @@ def engine_pod(tiny_model):
 def test_ui_tier_chats_through_the_engine_pod(engine_pod, tmp_path):
     db = str(tmp_path / "ui.db")
     app, llm = build_app(parse_args(["--db", db, "--model", engine_pod.model_path,
-                                     "--engine-url", f"{engine_pod.url}/v1", "--auth", "carol:pw-c"]))
+                                     "--engine-url", f"{engine_pod.url}/v1",
+                                     "--auth-file", logins_file(tmp_path, carol="pw-c")]))
     with LiveServer(llm, app) as ui:
         assert httpx.get(f"{ui.url}/health").status_code == 200
         client = Client(ui.url, auth=("carol", "pw-c"), verbose=False)
@@ -44,6 +46,29 @@ def test_ui_tier_chats_through_the_engine_pod(engine_pod, tmp_path):
         # the second turn's prompt starts with the first turn's exact ids: a prefix-cache hit on the pod
         client.predict("and again", 0.0, 1.0, 16, api_name="/send")
         assert store.messages("login:carol", sid)[-1]["cached_tokens"] >= 16
+
+
+def test_api_keys_guard_the_pages_own_api_too(engine_pod, tmp_path):
+    """With keys and no logins, the chat page asks for a login (the key's name and the key): its
+    Gradio endpoints reach the engine, so they are guarded like /v1."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("shop:sk-shop-123456\n")
+    app, llm = build_app(parse_args(["--db", str(tmp_path / "ui.db"), "--model", engine_pod.model_path,
+                                     "--engine-url", f"{engine_pod.url}/v1", "--api-key-file", str(keys)]))
+    with LiveServer(llm, app) as ui:
+        with pytest.raises(AuthenticationError):
+            Client(ui.url, verbose=False).predict("hello", 0.0, 1.0, 16, api_name="/send")
+        direct = httpx.post(f"{ui.url}/gradio_api/call/send", json={"data": ["hello", 0.0, 1.0, 16]})
+        assert direct.status_code in (401, 403), direct.text
+        with pytest.raises(ValueError, match="Could not login"):
+            Client(ui.url, auth=("shop", "wrong-key"), verbose=False)
+        chat, _ = Client(ui.url, auth=("shop", "sk-shop-123456"), verbose=False).predict(
+            "hello", 0.0, 1.0, 16, api_name="/send")
+        assert "generated" in str(chat[-1]["content"])
+        assert httpx.post(f"{ui.url}/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 401
+        ok = httpx.post(f"{ui.url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 1},
+                        headers={"Authorization": "Bearer sk-shop-123456"})
+        assert ok.status_code == 200
 
 
 def test_request_id_is_echoed_and_logged_without_text(engine_pod, caplog):

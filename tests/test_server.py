@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import EngineConfig, SamplingParams
 from engine.async_llm import AsyncLLM
+from server.auth import Credentials
 from server.routes import create_app
 from tests.serving import LiveServer, wait_for
 
@@ -153,11 +154,11 @@ def test_bad_input_gets_the_right_status_and_shape(live, body, status, param):
 def test_api_key_and_health(live):
     from fastapi.testclient import TestClient
 
-    guarded = TestClient(create_app(live.llm, api_key="s3cret"))
+    guarded = TestClient(create_app(live.llm, credentials=Credentials(keys={"s3cret-key": "shop"})))
     assert guarded.get("/v1/models").status_code == 401
     wrong = guarded.get("/v1/models", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
-    assert guarded.get("/v1/models", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    assert guarded.get("/v1/models", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
     assert guarded.get("/health").status_code == 200
     loading = TestClient(create_app(AsyncLLM(EngineConfig(), load=False)))
     assert loading.get("/health").status_code == 503
@@ -176,6 +177,29 @@ def test_overload_is_503_and_the_server_recovers(tiny_model):
         llm.run_on_engine_thread(lambda e: (e.abort_request("busy"), e.abort_request("queued")))
         r = httpx.post(f"{server.url}/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("streams", [[True] * 6, [False] * 6, [True, False] * 3])
+def test_max_waiting_admits_the_same_number_streaming_or_not(tiny_model, streams):
+    path, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=path, dtype="float32", num_kv_blocks=200, max_num_seqs=1, max_waiting=3))
+    with LiveServer(llm) as server:
+        llm.run_on_engine_thread(lambda e: e.add_request([5, 6, 7], SamplingParams(max_tokens=3000, ignore_eos=True),
+                                                         request_id="busy"))  # holds the only running slot
+
+        def ask(i: int, stream: bool) -> int:
+            body = {"prompt": [1, 2, 3, i], "max_tokens": 2, "stream": stream}
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=120) as r:
+                r.read()
+                return r.status_code
+
+        with concurrent.futures.ThreadPoolExecutor(len(streams)) as pool:
+            answers = [pool.submit(ask, i, stream) for i, stream in enumerate(streams)]
+            wait_for(lambda: sum(a.done() for a in answers) == 3, 60, "the three refusals")
+            assert llm.run_on_engine_thread(lambda e: e.scheduler.num_waiting) == 3
+            llm.run_on_engine_thread(lambda e: e.abort_request("busy"))
+            codes = sorted(a.result() for a in answers)
+        assert codes == [200, 200, 200, 503, 503, 503]
 
 
 def test_tokenize_detokenize_round_trip(live, smol32):

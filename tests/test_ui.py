@@ -5,7 +5,7 @@ from gradio_client.exceptions import AppError
 
 from app import build_app, parse_args
 from storage import Store
-from tests.serving import LiveServer, wait_for
+from tests.serving import LiveServer, logins_file, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -13,8 +13,9 @@ def ui(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ui")
     db = str(folder / "chat.db")
     (folder / "broken.gguf").write_bytes(b"GGUF but not really")
-    args = parse_args(["--db", db, "--auth", "alice:pw-a", "--auth", "bob:pw-b", "--admin", "alice", "--dtype", "float32",
-                       "--num-kv-blocks", "512", "--max-model-len", "2048", "--models", str(folder / "broken.gguf")])
+    args = parse_args(["--db", db, "--auth-file", logins_file(folder, alice="pw-a", bob="pw-b"), "--admin", "alice",
+                       "--dtype", "float32", "--num-kv-blocks", "512", "--max-model-len", "2048",
+                       "--models", str(folder / "broken.gguf")])
     app, llm = build_app(args)
     with LiveServer(llm, app) as server:
         server.store = Store(db)
@@ -105,6 +106,18 @@ def test_switching_to_a_model_that_fails_keeps_the_old_one_serving(ui):
     assert "could not load" in status and "Still serving **SmolLM2-135M-Instruct**" in status
     chat, _ = alice.predict("Still there?", 0.0, 1.0, 16, api_name="/send")
     assert "generated" in str(chat[-1]["content"])
+
+
+def test_only_an_operator_resets_the_prefix_cache(ui):
+    alice, bob = client(ui, "alice"), client(ui, "bob")
+    alice.predict("What are your opening hours?", 0.0, 1.0, 16, api_name="/send")
+    cached = lambda: ui.llm.run_on_engine_thread(lambda e: e.get_stats().kv_blocks_cached)  # noqa: E731
+    assert cached() > 0
+    with pytest.raises(AppError, match="Only operators"):
+        bob.predict(api_name="/reset_prefix_cache")
+    assert cached() > 0
+    assert alice.predict(api_name="/reset_prefix_cache").startswith("✅")
+    assert cached() == 0
 
 
 def test_operator_quantizes_with_our_gptq_and_switches(ui, tmp_path, monkeypatch):

@@ -9,6 +9,8 @@ import gradio as gr
 import pytest
 
 from engine.client import EngineOverloadedError
+from server.auth import VISITOR_COOKIE, VisitorCookie
+from server.limits import UserLimiter
 from storage import Store
 from tests.fakes import FakeEngineClient
 from ui.handlers import ChatHandlers
@@ -288,3 +290,51 @@ def test_deleting_a_chat_while_it_streams_stops_the_reply_cleanly(chat, fake, mo
     assert "deleted" in warnings[0]
     assert fake.requests[-1]["request_id"] in fake.aborted  # the engine stopped working on it
     assert chat.store.session(uid, sid) is None
+
+
+def test_a_user_over_the_cap_is_told_to_wait_and_nothing_is_stored(fake, tmp_path):
+    limiter = UserLimiter(1)
+    chat = ChatHandlers(fake, Store(str(tmp_path / "chat.db")), limiter=limiter)
+    uid, first = chat.current(None, None, tab("dan"))
+    second = chat.new_chat(uid, "", tab("dan"))[1]
+    warnings = []
+
+    async def scenario():
+        fake.gate = asyncio.Event()
+        running = chat.send(uid, first, "Where is my parcel?", 0.0, 1.0, 64, request=tab("dan"))
+        await running.__anext__()  # the first chat's turn holds dan's only slot
+        over = await drain(chat.send(uid, second, "And my refund?", 0.0, 1.0, 64, request=tab("dan", "tab-2")))
+        fake.gate.set()
+        await drain(running)
+        return over
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(gr, "Warning", warnings.append)
+        over = asyncio.run(scenario())
+    assert "limit per user is 1" in warnings[0] and over[-1][1] == "And my refund?"
+    assert chat.store.messages(uid, second) == [] and len(chat.store.messages(uid, first)) == 2
+    assert limiter.in_flight(uid) == 0
+    asyncio.run(drain(chat.send(uid, second, "And my refund?", 0.0, 1.0, 64, request=tab("dan"))))
+    assert len(chat.store.messages(uid, second)) == 2  # once the first is done, the second goes
+
+
+def test_visitors_are_known_by_the_signed_cookie_only(fake, tmp_path):
+    cookie = VisitorCookie("server-secret")
+    chat = ChatHandlers(fake, Store(str(tmp_path / "chat.db")), visitors=cookie)
+    value = cookie.issue()
+    visitor = SimpleNamespace(username=None, session_hash="t", cookies={VISITOR_COOKIE: value})
+    assert chat.who(None, visitor) == f"visitor:{cookie.visitor(value)}"
+    forged = SimpleNamespace(username=None, session_hash="t", cookies={VISITOR_COOKIE: "alice.0000"})
+    assert chat.who(None, forged) == "tab:t"
+    uid, sid = chat.init(visitor)[0], chat.init(visitor)[2]
+    assert uid == chat.who(None, visitor) and chat.store.session(uid, sid) is not None
+
+
+def test_salting_by_user_keeps_each_users_prefixes_apart(fake, tmp_path):
+    shared = ChatHandlers(fake, Store(str(tmp_path / "a.db")))
+    salted = ChatHandlers(fake, Store(str(tmp_path / "b.db")), salt_by_user=True)
+    for chat in (shared, salted):
+        for name in ("erin", "frank"):
+            uid, sid = chat.current(None, None, tab(name))
+            asyncio.run(drain(chat.send(uid, sid, "Hello", 0.0, 1.0, 8, request=tab(name))))
+    assert [r["cache_salt"] for r in fake.requests] == [None, None, "user:login:erin", "user:login:frank"]

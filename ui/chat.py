@@ -11,6 +11,7 @@ import uuid
 
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from engine.sampling_params import SamplingParams
+from server.limits import UserLimiter
 from storage import StoreError
 from ui.conversation import build_prompt
 
@@ -54,8 +55,6 @@ def display(messages: list[dict]) -> list[dict]:
 FOOTER = re.compile(r"\n\n<sub>.*</sub>\s*$", re.S)
 
 
-
-
 def plain_text(content) -> str:
     """A chatbot value (a string, or content parts from the browser) without our footer."""
     if isinstance(content, list):
@@ -71,9 +70,14 @@ def feedback_values(messages: list[dict]) -> list[str | None]:
 class ChatService:
     """Everything a chat event needs: the engine client, the store, the active requests per tab."""
 
-    def __init__(self, client: EngineClient, store) -> None:
+    def __init__(self, client: EngineClient, store, limiter: UserLimiter | None = None,
+                 salt_by_user: bool = False) -> None:
+        """limiter: the per-user cap shared with the API. salt_by_user: each user's turns reuse only
+        their own cached prefixes (cache_salt = the user)."""
         self.client = client
         self.store = store
+        self.limiter = limiter or UserLimiter(0)
+        self.salt_by_user = salt_by_user
         self.active: dict[str, set[str]] = {}  # browser tab (session_hash) -> engine request ids
         self.busy: set[str] = set()  # chats with a turn in flight (handlers share one event loop)
 
@@ -81,16 +85,18 @@ class ChatService:
                    regenerate: bool = False):
         """Yields (messages for display, done). Stores the user message (unless regenerating) and
         the reply as it grows, so a stop, a closed tab or a killed process keeps what was written.
-        One turn at a time per chat: a second (another tab) is refused, so turns always alternate."""
+        One turn at a time per chat: a second (another tab) is refused, so turns always alternate;
+        and at most the per-user cap of turns at once across the user's chats (TooManyRequestsError)."""
         if session_id in self.busy:
             raise ValueError("This chat is already answering (in another tab?): wait for the reply or press Stop.")
-        self.busy.add(session_id)
-        try:
-            async with contextlib.aclosing(self._turn(user, session_id, text, params, tab, regenerate)) as updates:
-                async for update in updates:
-                    yield update
-        finally:
-            self.busy.discard(session_id)
+        with self.limiter.slot(user):
+            self.busy.add(session_id)
+            try:
+                async with contextlib.aclosing(self._turn(user, session_id, text, params, tab, regenerate)) as turn:
+                    async for update in turn:
+                        yield update
+            finally:
+                self.busy.discard(session_id)
 
     async def _turn(self, user, session_id, text, params, tab, regenerate):
         info = self.client.info
@@ -127,7 +133,8 @@ class ChatService:
         reply = ReplyWriter(self.store, user, session_id, prompt_ids, model)
         self.active.setdefault(tab, set()).add(request_id)
         try:
-            stream = self.client.generate(prompt_ids, params, request_id=request_id, session_id=session_id)
+            stream = self.client.generate(prompt_ids, params, request_id=request_id, session_id=session_id,
+                                          cache_salt=f"user:{user}" if self.salt_by_user else None)
             async with contextlib.aclosing(stream):  # leaving early aborts the engine request
                 async for out in stream:
                     reply.save(out, "streaming")

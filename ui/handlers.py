@@ -4,33 +4,40 @@ and run as well against a fake EngineClient in tests."""
 from __future__ import annotations
 
 import contextlib
-import uuid
 
 import gradio as gr
 
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
+from server.auth import VISITOR_COOKIE, VisitorCookie
+from server.limits import TooManyRequestsError, UserLimiter
 from ui import transfer
 from ui.chat import TYPING, ChatService, display, feedback_values, plain_text
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
 
-REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError)  # shown to the user as a warning
+REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError)  # shown as a warning
 # The chat's own sampling default beside the model's: with SmolLM2's card values alone (temperature
 # 0.2, top-p 0.9) 5 of 6 second replies looped, a sentence repeated 12-36 times; with 1.1, none did.
 CHAT_REPETITION_PENALTY = 1.1
 class ChatHandlers:
-    def __init__(self, client: EngineClient, store) -> None:
+    def __init__(self, client: EngineClient, store, visitors: VisitorCookie | None = None,
+                 limiter: UserLimiter | None = None, salt_by_user: bool = False) -> None:
+        """visitors: checks the signed visitor cookie (None when everyone logs in)."""
         self.client = client
         self.store = store
-        self.service = ChatService(client, store)
+        self.visitors = visitors
+        self.service = ChatService(client, store, limiter, salt_by_user)
 
     # ---- identity -----------------------------------------------------------------------
-    @staticmethod
-    def who(known: str | None, request: gr.Request) -> str:
-        """Logged-in name if there is a login, else the browser's id (or, for API clients that never
-        ran the page's load event, their connection)."""
+    def who(self, known: str | None, request: gr.Request) -> str:
+        """The login name if there is a login, else the visitor id in the server-signed cookie; a
+        client without either is known by its connection only."""
         name = getattr(request, "username", None)
         if name:
             return f"login:{name}"
+        cookies = getattr(request, "cookies", None) or {}
+        visitor = self.visitors.visitor(cookies.get(VISITOR_COOKIE)) if self.visitors else None
+        if visitor:
+            return f"visitor:{visitor}"
         return known or f"tab:{request.session_hash}"
 
     def current(self, uid: str | None, sid: str | None, request: gr.Request) -> tuple[str, str]:
@@ -49,11 +56,10 @@ class ChatHandlers:
         return [(s["title"] or "Untitled", s["id"]) for s in self.store.sessions(uid, query)]
 
     # ---- sessions -----------------------------------------------------------------------
-    def init(self, browser_value, request: gr.Request):
-        browser_value = browser_value or uuid.uuid4().hex
-        uid, sid = self.current(browser_value, None, request)
+    def init(self, request: gr.Request):
+        uid, sid = self.current(None, None, request)
         s = self.store.session(uid, sid)
-        return (browser_value, uid, gr.update(choices=self.session_choices(uid), value=sid), sid,
+        return (uid, gr.update(choices=self.session_choices(uid), value=sid), sid,
                 display(self.store.messages(uid, sid)), s["system_prompt"], s["title"])
 
     def open_session(self, uid, sid, request: gr.Request):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import gradio as gr
 
 from engine.client import EngineClient
+from server.auth import Credentials, VisitorCookie
+from server.limits import UserLimiter
 from ui.handlers import CHAT_REPETITION_PENALTY, ChatHandlers
 from ui.operator import FEEDBACK_COLUMNS, OperatorHandlers
 from ui.panel import PanelSampler, page_map_html
@@ -25,16 +27,17 @@ PLOT_TITLES = ("Requests and preemptions", "Tokens per step", "Generated tok/s",
 
 
 def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quantization: str | None,
-             operators: set[str], secret: str) -> gr.Blocks:
+             credentials: Credentials, limiter: UserLimiter, visitors: VisitorCookie | None,
+             salt_by_user: bool = False) -> gr.Blocks:
     """models: label -> model argument (None = the embedded default); the first is the one loaded.
-    operators: login names that see and may use the operator controls."""
-    chat = ChatHandlers(client, store)
-    operator = OperatorHandlers(client, store, models, quantization, operators)
+    credentials.operators: the logins that see and may use the operator controls. visitors: the
+    cookie signer when nobody logs in. limiter: the per-user cap shared with the API."""
+    chat = ChatHandlers(client, store, visitors, limiter, salt_by_user)
+    operator = OperatorHandlers(client, store, models, quantization, set(credentials.operators))
     sampler = PanelSampler(client)
     quant_choices, quant_value = operator.initial_choices()
 
     with gr.Blocks(title="pagedchat", analytics_enabled=False) as demo:  # no usage pings from a customer-facing app
-        browser_id = gr.BrowserState(None, storage_key="pagedchat-user", secret=secret)
         user, session, rated = gr.State(None), gr.State(None), gr.State(None)
         with gr.Sidebar(label="Chats", open=True):
             new_btn = gr.Button("New chat", variant="primary", elem_id="new-chat")
@@ -103,6 +106,9 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
                         sim_n = gr.Number(16, precision=0, minimum=1, maximum=64, label="Chats")
                         sim_btn = gr.Button("Start simulated chats", elem_id="simulate")
                         sim_status = gr.Markdown(elem_id="sim-status")
+                    with gr.Accordion("Prefix cache", open=False):
+                        reset_btn = gr.Button("Reset prefix cache", size="sm", variant="stop", elem_id="reset-cache")
+                        reset_status = gr.Markdown(elem_id="reset-status")
                     with gr.Accordion("Rated replies", open=False, elem_id="review"):
                         review_btn = gr.Button("Show rated replies", size="sm", elem_id="review-refresh")
                         review = gr.Dataframe(headers=FEEDBACK_COLUMNS, interactive=False, wrap=True,
@@ -119,7 +125,7 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
 
         # ---- identity, sessions, files --------------------------------------------------
         shown_session = [sessions, session, chatbot, system, title]
-        with_marks(demo.load(chat.init, [browser_id], [browser_id, user, sessions, session, chatbot, system, title]))
+        with_marks(demo.load(chat.init, None, [user, sessions, session, chatbot, system, title]))
         demo.load(None, js=ON_LOAD)
         demo.load(chat.sampling_defaults, None, [temperature, top_p, penalty, sampling_note], **PRIVATE)
         demo.load(operator.show_controls, None, [operator_col], **PRIVATE)
@@ -168,6 +174,7 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
         switch_btn.click(operator.switch, [model_dd, quant_dd], [switch_status]).then(
             chat.sampling_defaults, None, [temperature, top_p, penalty, sampling_note], **PRIVATE)
         sim_btn.click(operator.simulate, [sim_n], [sim_status])
+        reset_btn.click(operator.reset_prefix_cache, None, [reset_status])
         review_btn.click(operator.feedback_table, None, [review])
         review_csv_btn.click(operator.feedback_csv, None, [review_file])
         review_jsonl_btn.click(operator.feedback_jsonl, None, [review_file])

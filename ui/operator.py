@@ -1,5 +1,5 @@
-"""The operator's controls: which model and quantization serve, simulated customers, and the
-review of rated replies. Only operators (`--admin USER`, logged in with `--auth`) see them, and
+"""The operator's controls: which model and quantization serve, simulated customers, the prefix
+cache, and the review of rated replies. Only operators (`--admin NAME`, logged in) see them, and
 every handler checks again: a visitor calling the endpoint directly is refused. The engine decides
 what applies (EngineClient.quantization_choices / switch_model); this only asks."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 
 import gradio as gr
 
-from engine.client import EngineClient
+from engine.client import EngineClient, EngineDeadError
 from ui import transfer
 from ui.simulate import start_simulated_chats
 
@@ -65,6 +65,14 @@ class OperatorHandlers:
             return "The engine is not ready yet."
         started = start_simulated_chats(self.client, int(n or 16))
         return f"Started {started} simulated chats (3 turns each, then they stop). Watch the panel."
+
+    async def reset_prefix_cache(self, request: gr.Request):
+        self._check(request)
+        try:
+            await asyncio.to_thread(self.client.reset_prefix_cache)
+        except (ValueError, EngineDeadError) as e:
+            return f"❌ {e}"
+        return "✅ Prefix cache reset: the next turn of every chat computes its prompt again."
 
     # ---- the weekly review of rated replies ------------------------------------------------
     def feedback_table(self, request: gr.Request):

@@ -1,0 +1,89 @@
+"""Errors in OpenAI's shape ({"error": {"message", "type", "param", "code"}}) for every route:
+raised as APIError by the handlers, or mapped here from the engine's and the validator's errors."""
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.client import ContextLengthError, EngineDeadError, EngineOverloadedError
+from server.limits import TooManyRequestsError
+from server.protocol import error_body
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, type_: str, param: str | None = None, code=None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param)
+
+
+def param_of(message: str) -> str | None:
+    word = message.split(" ", 1)[0]
+    return word if word.isidentifier() else None
+
+
+async def _api_error(_: Request, e: APIError):
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status,
+                        headers={"Retry-After": "5"} if e.status == 503 else None)
+
+
+async def _validation_error(_: Request, e: RequestValidationError):
+    first = e.errors()[0] if e.errors() else {}
+    if first.get("type") == "json_invalid":
+        where = first.get("loc", ("body", "?"))[-1]
+        return JSONResponse(error_body(f"The request body is not valid JSON (error at character {where}: "
+                                       f"{first.get('ctx', {}).get('error', 'parse error')}).",
+                                       "invalid_request_error"), status_code=400)
+    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+    msg = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
+                    for err in e.errors()[:5])
+    return JSONResponse(error_body(msg or "invalid request", "invalid_request_error", where), status_code=400)
+
+
+async def _context_length(request: Request, e: ContextLengthError):
+    param = "messages" if e.field == "prompt" and request.url.path.endswith("chat/completions") else e.field
+    return JSONResponse(error_body(str(e), "invalid_request_error", param), status_code=400)
+
+
+async def _overloaded(_: Request, e: EngineOverloadedError):
+    return JSONResponse(error_body(str(e), "service_unavailable", code="overloaded"), status_code=503,
+                        headers={"Retry-After": "1"})
+
+
+async def _too_many(_: Request, e: TooManyRequestsError):
+    return JSONResponse(error_body(str(e), "rate_limit_error", code="rate_limit_exceeded"), status_code=429,
+                        headers={"Retry-After": str(e.retry_after)})
+
+
+async def _dead(_: Request, e: EngineDeadError):
+    return JSONResponse(error_body(str(e), "service_unavailable"), status_code=503, headers={"Retry-After": "5"})
+
+
+async def _http_error(request: Request, e: StarletteHTTPException):
+    """404 and 405 in OpenAI's shape too."""
+    message = {404: f"No route {request.url.path}.",
+               405: f"{request.method} is not allowed on {request.url.path}."}.get(e.status_code, str(e.detail))
+    return JSONResponse(error_body(message, "invalid_request_error"), status_code=e.status_code,
+                        headers=getattr(e, "headers", None))
+
+
+async def _invalid(_: Request, e: ValueError):
+    return JSONResponse(error_body(str(e), "invalid_request_error", param_of(str(e))), status_code=400)
+
+
+ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _validation_error, StarletteHTTPException: _http_error,
+                  ContextLengthError: _context_length, EngineOverloadedError: _overloaded, EngineDeadError: _dead,
+                  TooManyRequestsError: _too_many,
+                  ValueError: _invalid}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    for error, handler in ERROR_HANDLERS.items():
+        app.add_exception_handler(error, handler)

@@ -65,7 +65,7 @@ def main() -> None:
         for name, options in variants:
             llm = LLM(dtype="bfloat16", **options)
             ids = llm.get_tokenizer().encode(text)
-            nll = llm.engine.mean_nll(ids)
+            nll = llm.mean_nll(ids)
             speeds = [run_pagedchat(llm, c, args.turns, 0)["tok_s"] for c in args.concurrency]
             rows.append((name, llm.engine.weight_bytes, nll, speeds))
             del llm

@@ -26,8 +26,9 @@ class KVCacheManager:
 
     def get_computed_blocks(self, req: Request) -> list[KVBlock]:
         """The longest run of this request's full blocks already in the cache. At least one
-        token is always left to compute, so the last prompt token is never a hit."""
-        if not self.enable_caching:
+        token is always left to compute, so the last prompt token is never a hit. A request that
+        wants prompt logprobs computes its whole prompt (a hit has no logits to score)."""
+        if not self.enable_caching or req.params.prompt_logprobs is not None:
             return []
         max_blocks = (req.num_tokens - 1) // self.block_size
         self._update_hashes(req, max_blocks)
@@ -72,6 +73,20 @@ class KVCacheManager:
         for i in range(num_full):
             if blocks[i].block_hash is None:
                 self.pool.cache_block(blocks[i], req.block_hashes[i], tokens[i * bs:(i + 1) * bs])
+
+    def fork(self, parent: Request, child: Request, num_tokens: int) -> tuple[int, int] | None:
+        """Give `child` the parent's first `num_tokens` tokens: the blocks before the one holding the
+        last token shared (a reference each), that one copied into a new block. Returns (source,
+        copy) for the runner to copy, or None when no block is free."""
+        if self.pool.num_free < 1:
+            return None
+        last = (num_tokens - 1) // self.block_size
+        parent_blocks = self.req_blocks[parent.request_id]
+        shared = parent_blocks[:last]
+        self.pool.touch(shared)
+        copy = self.pool.get_new_blocks(1)[0]
+        self.req_blocks[child.request_id] = [*shared, copy]
+        return parent_blocks[last].block_id, copy.block_id
 
     def free(self, req: Request) -> None:
         blocks = self.req_blocks.pop(req.request_id, None)

@@ -1,9 +1,12 @@
 """The offline API shaped like vLLM's: `LLM(model).generate(prompts, SamplingParams(...))`."""
 from __future__ import annotations
 
+import torch
+
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import EngineStats, RequestOutput
+from engine.outputs import ChoiceCollector, EngineStats, RequestOutput, ScheduledRequest
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 
@@ -59,13 +62,30 @@ class LLM:
         return tok.encode(text, add_special_tokens=False)
 
     def _run(self, ids: list[str]) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
-        wanted = set(ids)
-        while wanted - done.keys():
+        collected = {i: ChoiceCollector() for i in ids}
+        done: set[str] = set()
+        while len(done) < len(ids):
             for out in self.engine.step():
-                if out.finished and out.request_id in wanted:
-                    done[out.request_id] = out
-        return [done[i] for i in ids]
+                if out.request_id in collected:
+                    collected[out.request_id].add(out)
+                    if out.finished:
+                        done.add(out.request_id)
+        return [collected[i].whole() for i in ids]
+
+    def mean_nll(self, token_ids: list[int]) -> float:
+        """Mean negative log-likelihood of a token sequence under the model (quality checks), from
+        one prefill through the paged cache; the engine must be idle."""
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("mean_nll needs an idle engine")
+        req = Request("score", token_ids, SamplingParams())
+        if not self.engine.kv.allocate_slots(req, len(token_ids)):
+            raise ValueError(f"{len(token_ids)} tokens do not fit the KV cache")
+        try:
+            logits = self.engine.runner.logits_for_all(ScheduledRequest(req, len(token_ids), self.engine.kv.block_ids("score")))
+        finally:
+            self.engine.kv.free(req)
+        targets = torch.tensor(token_ids[1:], device=logits.device)
+        return torch.nn.functional.cross_entropy(logits[:-1].float(), targets).item()
 
     def get_stats(self) -> EngineStats:
         return self.engine.get_stats()

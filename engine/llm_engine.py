@@ -8,7 +8,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-import psutil
 import torch
 
 from engine.checkpoint.load import build_model, quant_spec
@@ -17,19 +16,20 @@ from engine.client import ContextLengthError, EngineOverloadedError, ModelInfo
 from engine.config import EngineConfig
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
+from engine.logprobs import LogprobsRecorder
 from engine.model_runner import ModelRunner
 from engine.quant.kernels import weight_bytes
 from engine.quant.choices import choose_mode
 from engine.quant.methods import quantize_model
-from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput, ScheduledRequest
+from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from engine.parallel import Family, child_params, fork
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.sizing import eos_token_ids, num_kv_blocks, resolve_max_model_len
+from engine.structured import GrammarCompiler, bad_word_sequences
 
 log = logging.getLogger("pagedchat.engine")
-
-MAX_DEFAULT_MODEL_LEN = 8192
-CPU_KV_CAP_BYTES = 2 << 30
 
 
 @dataclass
@@ -37,6 +37,8 @@ class _Tracked:
     request: Request
     detok: IncrementalDetokenizer
     outputs_sent: int = 0
+    family: Family | None = None  # n > 1: the request this sequence is one sample of
+    index: int = 0
 
 
 class LLMEngine:
@@ -48,7 +50,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.source = resolve_model(config.model)
         self.hf_config, self.tokenizer = load_config_and_tokenizer(self.source)
-        self.max_model_len = self._resolve_max_model_len()
+        self.max_model_len = resolve_max_model_len(self.hf_config, config.max_model_len)
         spec = quant_spec(self.source, self.hf_config)
         self.quantization = choose_mode(config.quantization, spec, self.source.kind, self.dtype)
         packs = self.quantization in ("gguf", getattr(spec, "method", None))  # 4-bit layers stay 4-bit
@@ -59,7 +61,8 @@ class LLMEngine:
         else:
             quantize_model(self.model, self.quantization, self.dtype, packed)
         self.weight_bytes = weight_bytes(self.model)
-        num_blocks = self._num_kv_blocks()
+        num_blocks = num_kv_blocks(config, ModelRunner.bytes_per_block(self.model, config.block_size, self.dtype),
+                                   self.device)
         capacity = num_blocks * config.block_size
         if capacity < self.max_model_len:
             if config.max_model_len is not None:
@@ -70,9 +73,12 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0
-        self.eos_token_ids = self._eos_ids()
+        self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
         self.sampling_defaults, self.sampling_source = sampling_defaults(self.source)  # read once
+        self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids)
+        self.logprobs = LogprobsRecorder(self.tokenizer)
         self._tracked: dict[str, _Tracked] = {}
+        self._families: dict[str, Family] = {}  # requests with n > 1, by their id
         self._pending: list[RequestOutput] = []  # outputs made outside step() (aborts)
         self._counter = 0
         self.stats = EngineStats(kv_blocks_total=num_blocks, block_size=config.block_size)
@@ -81,39 +87,6 @@ class LLMEngine:
                  str(self.dtype).removeprefix("torch."), self.quantization, torch.get_num_threads(),
                  self.load_seconds, self.weight_bytes / 2**20, num_blocks, config.block_size,
                  self.runner.kv_cache_bytes / 2**20, self.max_model_len)
-
-    # ---- setup --------------------------------------------------------------------------
-    def _resolve_max_model_len(self) -> int:
-        model_max = getattr(self.hf_config, "max_position_embeddings", None) or MAX_DEFAULT_MODEL_LEN
-        if self.config.max_model_len is None:
-            return min(model_max, MAX_DEFAULT_MODEL_LEN)
-        if self.config.max_model_len > model_max:
-            raise ValueError(f"max_model_len {self.config.max_model_len} exceeds the model's "
-                             f"max_position_embeddings {model_max}")
-        return self.config.max_model_len
-
-    def _num_kv_blocks(self) -> int:
-        c = self.config
-        if c.num_kv_blocks is not None:
-            return c.num_kv_blocks
-        per_block = ModelRunner.bytes_per_block(self.model, c.block_size, self.dtype)
-        budget = c.kv_cache_memory_bytes
-        if budget is None:
-            if self.device.type == "cuda":
-                budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.5)
-            else:
-                budget = min(int(psutil.virtual_memory().available * 0.25), CPU_KV_CAP_BYTES)
-        blocks = budget // per_block
-        if blocks < 2:
-            raise ValueError(f"kv_cache_memory_bytes {budget} holds fewer than 2 blocks of {per_block} bytes")
-        return blocks
-
-    def _eos_ids(self) -> tuple[int, ...]:
-        ids = getattr(self.hf_config, "eos_token_id", None)
-        ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return tuple(sorted(ids))
 
     # ---- requests -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,
@@ -134,34 +107,55 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ContextLengthError(f"prompt is {len(ids)} tokens but max_model_len is {self.max_model_len} "
                                      f"(the prompt plus at least one generated token must fit)", "prompt")
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be below the vocabulary size {vocab}, got {params.stop_token_ids}")
+        for field, named in params.token_ids_used().items():
+            outside = [t for t in named if t >= vocab]
+            if outside:
+                raise ValueError(f"{field} must name token ids below the vocabulary size {vocab}, got {outside[:5]}")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if request_id is None:
             request_id, self._counter = str(self._counter), self._counter + 1
         if request_id in self._tracked:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if params.n > self.config.max_num_seqs:
+            raise ValueError(f"n must be at most max_num_seqs ({self.config.max_num_seqs}), got {params.n}")
         if self.scheduler.num_waiting >= self.config.max_waiting:
             raise EngineOverloadedError(f"engine overloaded: {self.scheduler.num_waiting} requests waiting "
                                         f"(max_waiting={self.config.max_waiting})")
-        req = Request(request_id, ids, params, prompt=text, priority=priority,
-                      eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, session_id=session_id)
-        detok = IncrementalDetokenizer(self.tokenizer, ids, params.skip_special_tokens,
-                                       params.stop_strings, params.include_stop_str_in_output)
-        self._tracked[request_id] = _Tracked(req, detok)
+        family = Family(request_id, params.n, {request_id}) if params.n > 1 else None
+        req = Request(request_id, ids, child_params(params, 0) if family else params, prompt=text,
+                      priority=priority, eos_token_ids=self.eos_token_ids, cache_salt=cache_salt, session_id=session_id)
+        self._admit(req)
+        self._track(req, family, 0)
+        if family:
+            self._families[request_id] = family
         self.stats.prompt_tokens_total += len(ids)
         self.scheduler.add_request(req)
         return request_id
 
+    def _admit(self, req: Request) -> None:
+        """What a sequence needs besides its tokens: its bad words and grammar (ValueError if bad)."""
+        req.bad_words_ids = bad_word_sequences(self.tokenizer, req.params.bad_words)
+        if req.params.structured_outputs is not None:
+            req.grammar = self.grammars.matcher(req.params.structured_outputs)
+
+    def _track(self, req: Request, family: Family | None, index: int) -> None:
+        p = req.params
+        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens, p.stop_strings,
+                                       p.include_stop_str_in_output)
+        self._tracked[req.request_id] = _Tracked(req, detok, family=family, index=index)
+
     def abort_request(self, request_id: str) -> bool:
-        """Finish a request now and free its blocks; its final output says "abort"."""
-        t = self._tracked.get(request_id)
-        if t is None:
-            return False
-        self.scheduler.finish(t.request, RequestStatus.FINISHED_ABORTED)
-        self._pending.append(self._finalize(t))
-        return True
+        """Finish a request (all its samples) now and free its blocks; its final output says "abort"."""
+        family = self._families.get(request_id)
+        if family is not None:
+            family.forked = True  # no more siblings
+        members = sorted(family.live) if family else [request_id]
+        tracked = [self._tracked[m] for m in members if m in self._tracked]
+        for t in tracked:
+            self.scheduler.finish(t.request, RequestStatus.FINISHED_ABORTED)
+            self._pending.append(self._finalize(t))
+        return bool(tracked)
 
     def session_of(self, request_id: str) -> str | None:
         t = self._tracked.get(request_id)
@@ -189,7 +183,9 @@ class LLMEngine:
                     self.scheduler.finish(t.request, RequestStatus.FINISHED_ERROR)
                     outputs.append(self._finalize(t))
             return outputs
+        self._fork_families(sched)
         changed = self.scheduler.update(sched, result)
+        self.logprobs.record(result, {s.request.request_id: s.request for s in sched.scheduled})
         for request_id, why in result.failed.items():  # its own fault: the batch and the cache go on
             t = self._tracked.get(request_id)
             if t is not None:
@@ -199,6 +195,8 @@ class LLMEngine:
                 outputs.append(self._finalize(t))
         for req in changed:
             t = self._tracked[req.request_id]
+            if req.grammar is not None and not req.is_finished:
+                self._advance_grammar(req)
             stop = t.detok.add(req.output_token_ids[-1])
             if stop is not None and not req.is_finished:
                 req.stop_reason = stop
@@ -206,6 +204,27 @@ class LLMEngine:
             outputs.append(self._finalize(t) if req.is_finished else self._make_output(t))
         self._record_step(sched, len(changed), time.perf_counter() - t0)
         return outputs
+
+    def _fork_families(self, sched) -> None:
+        """Leaders (n > 1) whose prompt this step completed fork their siblings, before anything frees it."""
+        for s in sched.scheduled:
+            family = self._families.get(s.request.request_id)
+            if family and not family.forked and s.samples and s.request.num_output_tokens == 0:
+                siblings = fork(s.request, family, self.kv, self.runner, self.scheduler, self.config.max_num_seqs,
+                                self._admit)
+                for index, child in enumerate(siblings, 1):
+                    self._track(child, family, index)
+
+    def _advance_grammar(self, req: Request) -> None:
+        """The grammar consumes the sampled token; once complete, the request stops there."""
+        token = req.output_token_ids[-1]
+        if token in req.eos_token_ids:
+            return  # the mask only let EOS through where the grammar may end
+        if not req.grammar.consume_token(token):
+            req.error = f"structured output: {req.grammar.get_error() or 'token not allowed by the grammar'}"
+            self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
+        elif req.grammar.is_stopped():
+            self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
 
     def _record_step(self, sched, num_sampled: int, seconds: float) -> None:
         s = self.stats
@@ -219,23 +238,33 @@ class LLMEngine:
         s.generation_tokens_total += num_sampled
 
     def _make_output(self, t: _Tracked) -> RequestOutput:
-        req = t.request
+        req, family = t.request, t.family
         finished = req.is_finished
         delta_text = t.detok.take_delta(finished)
         delta_ids = req.output_token_ids[t.outputs_sent:]
         t.outputs_sent = req.num_output_tokens
         text = t.detok.text if finished else t.detok.text[:t.detok.emitted]
         return RequestOutput(
-            request_id=req.request_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
-            outputs=[CompletionOutput(0, text, list(req.output_token_ids),
-                                      req.status.value if finished else None, req.stop_reason)],
-            finished=finished, num_cached_tokens=max(req.num_cached_tokens, 0),
+            request_id=family.request_id if family else req.request_id, prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=[CompletionOutput(t.index, text, list(req.output_token_ids),
+                                      req.status.value if finished else None, req.stop_reason,
+                                      list(req.logprobs) if req.params.logprobs is not None else None)],
+            finished=finished and (family is None or (family.forked and not family.live)),
+            num_cached_tokens=max(req.num_cached_tokens, 0),
             metrics=RequestMetrics(req.arrival_time, req.scheduled_time, req.first_token_time, req.finished_time),
-            error=req.error, delta_text=delta_text, delta_token_ids=delta_ids)
+            error=req.error, delta_text=delta_text, delta_token_ids=delta_ids,
+            prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None)
 
     def _finalize(self, t: _Tracked) -> RequestOutput:
         self._tracked.pop(t.request.request_id, None)
         self.runner.sampler.forget(t.request.request_id)
+        if t.family is not None:
+            t.family.live.discard(t.request.request_id)
+            if t.index == 0 and not t.family.forked:  # ended before its prompt was done: no siblings
+                t.family.forked = True
+            if not t.family.live and t.family.forked:
+                self._families.pop(t.family.request_id, None)
         return self._make_output(t)
 
     # ---- introspection ------------------------------------------------------------------
@@ -258,21 +287,6 @@ class LLMEngine:
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
                          str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
                          self.sampling_defaults, self.sampling_source)
-
-    def mean_nll(self, token_ids: list[int]) -> float:
-        """Mean negative log-likelihood of a token sequence under the model (quality checks), from
-        one prefill through the paged cache; the engine must be idle."""
-        if self.has_unfinished_requests():
-            raise RuntimeError("mean_nll needs an idle engine")
-        req = Request("score", token_ids, SamplingParams())
-        if not self.kv.allocate_slots(req, len(token_ids)):
-            raise ValueError(f"{len(token_ids)} tokens do not fit the KV cache")
-        try:
-            logits = self.runner.logits_for_all(ScheduledRequest(req, len(token_ids), self.kv.block_ids("score")))
-        finally:
-            self.kv.free(req)
-        targets = torch.tensor(token_ids[1:], device=logits.device)
-        return torch.nn.functional.cross_entropy(logits[:-1].float(), targets).item()
 
     def check_integrity(self) -> None:
         self.kv.pool.check_integrity()

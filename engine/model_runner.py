@@ -29,6 +29,11 @@ class ModelRunner:
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.k_cache[i], self.v_cache[i]
 
+    def copy_block(self, source: int, target: int) -> None:
+        """Copy one block's K/V in every layer (copy on write, for a forked sequence)."""
+        self.k_cache[:, target].copy_(self.k_cache[:, source])
+        self.v_cache[:, target].copy_(self.v_cache[:, source])
+
     @property
     def kv_cache_bytes(self) -> int:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
@@ -41,14 +46,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        logits, samplers = self.forward(sched)
+        logits, samplers, prompt_scores = self.forward(sched)
         if not samplers:
-            return ModelRunnerOutput({})
+            return ModelRunnerOutput({}, prompt_logprobs=prompt_scores)
         requests = [s.request for s in samplers]
         try:
-            return ModelRunnerOutput({r.request_id: t for r, t in zip(requests, self.sampler(logits, requests))})
+            out = ModelRunnerOutput({r.request_id: t for r, t in zip(requests, self.sampler(logits, requests))})
         except Exception:  # noqa: BLE001 - a fault is the request's own: find whose, row by row
-            return self._sample_rows(logits, requests)
+            out = self._sample_rows(logits, requests)
+        out.prompt_logprobs = prompt_scores
+        asking = [(i, r) for i, r in enumerate(requests) if r.params.logprobs is not None and r.request_id in out.sampled]
+        if asking:  # raw log-probabilities (vLLM's default): the model's, before any sampling adjustment
+            rows = torch.tensor([i for i, _ in asking], device=logits.device)
+            chosen = [out.sampled[r.request_id] for _, r in asking]
+            scored = score_tokens(logits[rows], chosen, max(r.params.logprobs for _, r in asking))
+            for (_, r), token, entry in zip(asking, chosen, scored):
+                out.logprobs[r.request_id] = trim(entry, token, r.params.logprobs)
+        return out
 
     def _sample_rows(self, logits: torch.Tensor, requests: list) -> ModelRunnerOutput:
         """Sample each row alone: the rows that fail fail their request, the others go on."""
@@ -61,15 +75,32 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def forward(self, sched: SchedulerOutput) -> tuple[torch.Tensor | None, list[ScheduledRequest]]:
-        """Run the model on one step's batch; logits [n, V] for the n requests that sample."""
+    def forward(self, sched: SchedulerOutput):
+        """Run the model on one step's batch: logits [n, V] for the n requests that sample, those
+        requests, and the prompt log-probabilities of this chunk for requests that ask for them."""
         items = sorted(sched.scheduled, key=lambda s: s.num_tokens != 1)  # decodes first (stable)
         input_ids, positions, meta, logits_rows, samplers = self._prepare(items)
         with use_metadata(meta):
             hidden = self.model(input_ids, positions)
+        prompt_scores = self._prompt_logprobs(items, hidden)
         if not samplers:
-            return None, []
-        return self.model.compute_logits(hidden[logits_rows]), samplers
+            return None, [], prompt_scores
+        return self.model.compute_logits(hidden[logits_rows]), samplers, prompt_scores
+
+    def _prompt_logprobs(self, items: list[ScheduledRequest], hidden: torch.Tensor) -> dict[str, tuple]:
+        """For each prompt chunk of a request with prompt_logprobs: position p scores prompt token
+        p+1. Returns request_id -> (the first prompt position scored, one entry per position)."""
+        scores, row = {}, 0
+        for s in items:
+            req, start = s.request, s.request.num_computed_tokens
+            targets = req.all_token_ids[start + 1:min(start + s.num_tokens, req.num_prompt_tokens - 1) + 1]
+            if req.params.prompt_logprobs is not None and targets:
+                logits = self.model.compute_logits(hidden[row:row + len(targets)])
+                k = req.params.prompt_logprobs
+                scores[req.request_id] = (start + 1, [trim(e, t, k) for e, t in
+                                                      zip(score_tokens(logits, targets, k), targets)])
+            row += s.num_tokens
+        return scores
 
     @torch.inference_mode()
     def logits_for_all(self, item: ScheduledRequest) -> torch.Tensor:
@@ -117,3 +148,23 @@ class ModelRunner:
             meta.decode_block_tables, meta.decode_seq_lens = table, lens
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)
+
+
+def score_tokens(logits: torch.Tensor, chosen: list[int], k: int) -> list[dict[int, tuple[float, int]]]:
+    """Per row: the chosen token's (log-probability, rank) and the top-k tokens' (rank 1 is the best)."""
+    logprobs = logits.float().log_softmax(dim=-1)
+    picked = logprobs.gather(1, torch.tensor(chosen, device=logits.device).unsqueeze(1))
+    ranks = (logprobs > picked).sum(dim=-1) + 1
+    top_values, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], logprobs[:, :0].long())
+    rows = []
+    for i, token in enumerate(chosen):
+        entry = {token: (picked[i, 0].item(), int(ranks[i]))}
+        for rank, (value, tid) in enumerate(zip(top_values[i].tolist(), top_ids[i].tolist()), 1):
+            entry.setdefault(tid, (value, rank))
+        rows.append(entry)
+    return rows
+
+
+def trim(entry: dict[int, tuple[float, int]], chosen: int, k: int) -> dict[int, tuple[float, int]]:
+    """The chosen token and the top-k of this request (a batch may have scored more)."""
+    return {t: v for t, v in entry.items() if t == chosen or v[1] <= k}

@@ -1,6 +1,7 @@
 """The narrow types that cross layers: scheduler -> runner -> engine -> callers."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from engine.request import Request
@@ -36,6 +37,18 @@ class SchedulerOutput:
 class ModelRunnerOutput:
     sampled: dict[str, int]  # request_id -> new token id (only for requests that sample)
     failed: dict[str, str] = field(default_factory=dict)  # request_id -> why its sampling failed
+    # request_id -> {token id: (logprob, rank)} for the sampled token and the top-N (requests that ask)
+    logprobs: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
+    # request_id -> (first prompt position scored, one such dict per prompt token of this step's chunk)
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, tuple[float, int]]]]] = field(default_factory=dict)
+
+
+@dataclass
+class Logprob:
+    """vLLM's: a token's log-probability, its rank among all tokens (1 = the likeliest), its text."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
 @dataclass
@@ -57,6 +70,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None
+    logprobs: list[dict[int, Logprob]] | None = None  # one dict per token, when SamplingParams.logprobs is set
 
 
 @dataclass
@@ -72,6 +86,24 @@ class RequestOutput:
     # Streaming deltas: what this step added (the full text/token_ids are in outputs[0]).
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # first entry None, as vLLM
+
+
+class ChoiceCollector:
+    """The newest CompletionOutput of each choice (n > 1 streams them interleaved, one per output);
+    whole() is the last RequestOutput with every choice, in index order."""
+
+    def __init__(self) -> None:
+        self.latest: dict[int, CompletionOutput] = {}
+        self.last: RequestOutput | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.last = out
+        for choice in out.outputs:
+            self.latest[choice.index] = choice
+
+    def whole(self) -> RequestOutput:
+        return dataclasses.replace(self.last, outputs=[self.latest[i] for i in sorted(self.latest)])
 
 
 @dataclass

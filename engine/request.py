@@ -54,6 +54,10 @@ class Request:
         self.finished_time: float | None = None
         self.stop_reason: str | int | None = None
         self.error: str | None = None
+        self.grammar = None  # an llguidance matcher when the request asks for structured output
+        self.bad_words_ids: list[list[int]] = []  # token sequences never to complete
+        self.logprobs: list[dict] = []  # per output token: id -> Logprob (when params.logprobs is set)
+        self.prompt_logprobs: list[dict | None] = []  # per prompt token, the first None (params.prompt_logprobs)
 
     @property
     def num_tokens(self) -> int:

@@ -1,11 +1,13 @@
 """Batched sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence /
-frequency penalties, min_tokens, per-request seeds. Rows that need nothing special stay on the
-vectorised path; only penalties and seeded draws touch rows one by one."""
+frequency penalties, min_tokens, per-request seeds, and the masking path (logit_bias,
+allowed_token_ids, bad_words, structured-output grammars). Rows that need nothing special stay on
+the vectorised path; only penalties, masks and seeded draws touch rows one by one."""
 from __future__ import annotations
 
 import torch
 
 from engine.request import Request
+from engine.structured import apply_grammar_masks
 
 
 class Sampler:
@@ -21,12 +23,13 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
         """logits [N, V] float32, one row per request that samples this step."""
         params = [r.params for r in requests]
-        if all(p.greedy and not p.has_penalties and r.num_output_tokens >= p.min_tokens
+        if all(p.greedy and not p.has_penalties and not p.masks_logits and r.num_output_tokens >= p.min_tokens
                for r, p in zip(requests, params)):
             return logits.argmax(dim=-1).tolist()
         logits = logits.clone()  # rows are adjusted in place; a failed draw is retried on the originals
         for i, req in enumerate(requests):
             self._adjust_row(logits[i], req)
+        apply_grammar_masks(logits, [r.grammar for r in requests])
         greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         greedy_tokens = logits.argmax(dim=-1)
         if bool(greedy.all()):
@@ -57,6 +60,16 @@ class Sampler:
             banned = [t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < row.numel()]
             if banned:
                 row[banned] = float("-inf")
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), device=row.device)
+            row[ids] += torch.tensor(list(p.logit_bias.values()), device=row.device, dtype=row.dtype)
+        if p.allowed_token_ids:
+            keep = torch.full_like(row, float("-inf"))
+            keep[p.allowed_token_ids] = 0.0
+            row += keep
+        for word in req.bad_words_ids:
+            if len(word) == 1 or req.all_token_ids[-(len(word) - 1):] == word[:-1]:
+                row[word[-1]] = float("-inf")
         if not p.has_penalties:
             return
         if p.repetition_penalty != 1.0:

@@ -1,10 +1,38 @@
 """SamplingParams: vLLM's names, defaults and validation. temperature == 0 means greedy."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 _EPS = 1e-5
 _INF = float("inf")
+MAX_LOGPROBS = 20
+MAX_N = 64  # parallel samples of one request
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's: exactly one of a JSON schema (`json`, a dict or its text), any JSON object
+    (`json_object`), a regular expression, a choice among strings, or a Lark grammar."""
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, name)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                             f"got {given or 'none'}.")
+        if self.choice is not None and not (isinstance(self.choice, list) and self.choice
+                                            and all(isinstance(c, str) and c for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a list of non-empty strings, got {self.choice!r}.")
+        if isinstance(self.json, str):
+            try:
+                self.json = json.loads(self.json)
+            except ValueError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
 
 
 @dataclass
@@ -25,6 +53,12 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # per generated token: the sampled token's and the top-N log probabilities
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, clamped to [-100, 100]
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # never generated (every token sequence that spells one)
+    structured_outputs: StructuredOutputsParams | None = None
     stop_strings: list[str] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -42,7 +76,8 @@ class SamplingParams:
             if not ok:
                 raise ValueError(f"{name} {msg}, got {getattr(self, name)!r}.")
 
-        check(isinstance(self.n, int) and self.n == 1, "n", "must be 1 (parallel sampling is not supported)")
+        check(isinstance(self.n, int) and not isinstance(self.n, bool) and 1 <= self.n <= MAX_N, "n",
+              f"must be an integer in [1, {MAX_N}]")
         check(_is_number(self.temperature) and 0 <= self.temperature < _INF, "temperature", "must be a finite number >= 0")
         check(_is_number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 0), "top_k",
@@ -66,10 +101,36 @@ class SamplingParams:
               "must be in [-2, 2]")
         check(_is_number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty",
               "must be in [-2, 2]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            check(value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                    and 0 <= value <= MAX_LOGPROBS), name, f"must be an integer in [0, {MAX_LOGPROBS}]")
+        if self.logit_bias is not None:
+            check(isinstance(self.logit_bias, dict) and all(
+                isinstance(t, int) and t >= 0 and _is_number(b) and abs(b) < _INF for t, b in self.logit_bias.items()),
+                "logit_bias", "must map token ids to finite numbers")
+            self.logit_bias = {t: max(-100.0, min(100.0, float(b))) for t, b in self.logit_bias.items()}
+        check(self.allowed_token_ids is None or (isinstance(self.allowed_token_ids, list) and self.allowed_token_ids
+                                                 and all(isinstance(t, int) and t >= 0 for t in self.allowed_token_ids)),
+              "allowed_token_ids", "must be a non-empty list of token ids")
+        check(self.bad_words is None or all(isinstance(w, str) and w.strip() for w in self.bad_words), "bad_words",
+              "must be non-empty strings")
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def masks_logits(self) -> bool:
+        """Whether something besides penalties changes this request's logits before sampling."""
+        return bool(self.logit_bias or self.allowed_token_ids or self.bad_words or self.structured_outputs)
+
+    def token_ids_used(self) -> dict[str, list[int]]:
+        """The token ids each field names (the engine checks them against the vocabulary)."""
+        return {"stop_token_ids": self.stop_token_ids, "logit_bias": list(self.logit_bias or {}),
+                "allowed_token_ids": list(self.allowed_token_ids or [])}
 
     @property
     def has_penalties(self) -> bool:

@@ -25,8 +25,9 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 
 def param_of(message: str) -> str | None:
-    word = message.split(" ", 1)[0]
-    return word if word.isidentifier() else None
+    """The field a validation message starts with ("top_p must ...", "structured_outputs.json is ...")."""
+    word = message.split(" ", 1)[0].rstrip(":,")
+    return word if word and all(part.isidentifier() for part in word.split(".")) else None
 
 
 async def _api_error(_: Request, e: APIError):

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 
 class TextPart(BaseModel):
@@ -35,10 +35,24 @@ class StreamOptions(BaseModel):
 
 # OpenAI fields this server does not implement yet, with the values that ask for nothing: anything
 # else is refused by name rather than silently ignored.
-NOT_IMPLEMENTED = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "logit_bias": (None, {}),
-                   "response_format": (None, {"type": "text"}), "tools": (None, []), "tool_choice": (None, "none"),
-                   "functions": (None, []), "function_call": (None, "none"), "suffix": (None, ""),
-                   "best_of": (None, 1), "guided_json": (None,), "structured_outputs": (None,)}
+NOT_IMPLEMENTED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+                   "function_call": (None, "none"), "suffix": (None, ""), "best_of": (None, 1),
+                   "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,)}
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict | None = None  # {"name": ..., "schema": {...}, "strict": ...}
+
+    def structured(self) -> StructuredOutputsParams | None:
+        if self.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if self.type == "json_schema":
+            schema = (self.json_schema or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise ValueError("response_format with type json_schema needs json_schema.schema, a JSON schema object.")
+            return StructuredOutputsParams(json=schema)
+        return None
 
 
 class SamplingFields(BaseModel):
@@ -67,10 +81,39 @@ class SamplingFields(BaseModel):
     # vLLM's: mixed into the hash of the prompt's first block, so only requests with the same salt share
     # cached prefixes (tenants that must not learn from each other's timing).
     cache_salt: str | None = Field(None, min_length=1, max_length=256)
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
+    allowed_token_ids: list[int] | None = None  # vLLM's
+    bad_words: list[str] | None = None  # vLLM's
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None  # vLLM's: {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
+    prompt_logprobs: int | None = None  # vLLM's
     return_token_ids: bool = False  # extension (as in vLLM): each choice / chunk carries its token ids
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def sample_logprobs(self) -> int | None:
+        """How many top log probabilities per generated token (None: none at all)."""
+        return None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        if self.response_format is not None and self.structured_outputs is not None:
+            raise ValueError("response_format and structured_outputs cannot both be given; pick one.")
+        if self.structured_outputs is not None:
+            try:
+                return StructuredOutputsParams(**self.structured_outputs)
+            except TypeError:
+                raise ValueError("structured_outputs takes one of json, regex, choice, grammar, json_object; got "
+                                 f"{sorted(self.structured_outputs)}.") from None
+        return self.response_format.structured() if self.response_format else None
+
+    def token_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(token): bias for token, bias in self.logit_bias.items()}
+        except ValueError:
+            raise ValueError("logit_bias keys must be token ids, e.g. {\"1234\": -100}.") from None
 
     def not_implemented(self) -> str | None:
         """The first field that asks for something this server does not do yet."""
@@ -83,7 +126,10 @@ class SamplingFields(BaseModel):
         `defaults`: the model's own sampling defaults, for fields the request leaves out (as vLLM)."""
         wanted = self.requested_max_tokens()
         values = dict(n=self.n, max_tokens=room if wanted is None else wanted, min_tokens=self.min_tokens,
-                      stop=self.stop, stop_token_ids=self.stop_token_ids, seed=self.seed, ignore_eos=self.ignore_eos)
+                      stop=self.stop, stop_token_ids=self.stop_token_ids, seed=self.seed, ignore_eos=self.ignore_eos,
+                      logprobs=self.sample_logprobs(), prompt_logprobs=self.prompt_logprobs,
+                      logit_bias=self.token_bias(), allowed_token_ids=self.allowed_token_ids,
+                      bad_words=self.bad_words, structured_outputs=self.structured())
         for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
                               ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
             value = getattr(self, name)
@@ -94,6 +140,13 @@ class SamplingFields(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    def sample_logprobs(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true.")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens if self.max_completion_tokens is None else self.max_completion_tokens
@@ -102,6 +155,16 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
+    logprobs: int | None = None
+
+    def sample_logprobs(self) -> int | None:
+        return self.logprobs
+
+    def sampling_params(self, room: int, defaults: dict) -> SamplingParams:
+        params = super().sampling_params(room, defaults)
+        if self.echo and self.logprobs is not None and params.prompt_logprobs is None:
+            params.prompt_logprobs = self.logprobs  # echo with logprobs scores the prompt too
+        return params
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
@@ -132,14 +195,16 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def chat_chunk(rid: str, model: str, created: int, delta: dict, finish_reason: str | None = None) -> dict:
+def chat_chunk(rid: str, model: str, created: int, delta: dict, finish_reason: str | None = None,
+               logprobs: dict | None = None, index: int = 0) -> dict:
     return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+            "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
 
 def completion_chunk(rid: str, model: str, created: int, text: str, index: int = 0,
-                     finish_reason: str | None = None, token_ids: list[int] | None = None) -> dict:
-    choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+                     finish_reason: str | None = None, token_ids: list[int] | None = None,
+                     logprobs: dict | None = None) -> dict:
+    choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
         choice["token_ids"] = token_ids
     return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}

@@ -87,6 +87,8 @@ class RemoteLLM:
                        cache_salt: str | None = None) -> AsyncIterator[RequestOutput]:
         if not self.ready or self._info is None:
             raise EngineDeadError(self.error or "the engine is not answering yet")
+        if params.n > 1 or params.logprobs is not None or params.prompt_logprobs is not None:
+            raise ValueError("n > 1 and logprobs are served by the engine pods' own API, not through the UI tier")
         request_id = request_id or f"remote-{time.time_ns()}"
         body = {"model": self._info.name, "prompt": list(prompt), "stream": True, "return_token_ids": True,
                 "stream_options": {"include_usage": True}, "priority": priority, **_sampling_fields(params)}
@@ -168,7 +170,10 @@ def _sampling_fields(p: SamplingParams) -> dict:
             "min_p": p.min_p, "stop": p.stop_strings or None, "seed": p.seed, "min_tokens": p.min_tokens,
             "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
             "repetition_penalty": p.repetition_penalty, "ignore_eos": p.ignore_eos,
-            "stop_token_ids": p.stop_token_ids or None}
+            "stop_token_ids": p.stop_token_ids or None, "allowed_token_ids": p.allowed_token_ids,
+            "bad_words": p.bad_words, "logit_bias": {str(t): b for t, b in (p.logit_bias or {}).items()} or None,
+            "structured_outputs": {k: v for k, v in vars(p.structured_outputs).items() if v is not None}
+            if p.structured_outputs else None}
 
 
 def _output(rid, prompt, text, ids, reason, cached, metrics, delta, delta_ids) -> RequestOutput:

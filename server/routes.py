@@ -17,6 +17,7 @@ from server.logs import log_request
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
                              TokenizeRequest, error_body, new_id, now, usage)
+from server.logprobs import CompletionLogprobs, chat_logprobs
 from server.streaming import chat_events, collect, completion_events, finish_reason, sse, started
 
 PROMETHEUS = "text/plain; version=0.0.4"
@@ -161,16 +162,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse(chat_events(await started(stream), rid, name, created, len(ids), include_usage,
-                               body.return_token_ids, on_finish))
+                               body.return_token_ids, on_finish, params.logprobs, params.n))
     final = await collect(stream, request)
     on_finish(final)
-    out = final.outputs[0]
-    choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
-              "finish_reason": finish_reason(out)}
-    if body.return_token_ids:
-        choice["token_ids"] = out.token_ids
-    return {"id": rid, "object": "chat.completion", "created": created, "model": name, "choices": [choice],
-            "usage": usage(len(ids), len(out.token_ids), final.num_cached_tokens)}
+    choices = []
+    for out in final.outputs:
+        scores = chat_logprobs(out.token_ids, out.logprobs, params.logprobs) if params.logprobs is not None else None
+        choices.append({"index": out.index, "message": {"role": "assistant", "content": out.text},
+                        "logprobs": scores, "finish_reason": finish_reason(out)})
+        if body.return_token_ids:
+            choices[-1]["token_ids"] = out.token_ids
+    return {"id": rid, "object": "chat.completion", "created": created, "model": name, "choices": choices,
+            "usage": usage(len(ids), sum(len(out.token_ids) for out in final.outputs), final.num_cached_tokens)}
 
 
 @router.post("/v1/completions", dependencies=guarded)
@@ -191,12 +194,17 @@ async def completions(body: CompletionRequest, request: Request):
         return client.generate(prompts[i], params[i], request_id=rid if body.stream else f"{rid}-{i}",
                                priority=body.priority, session_id=session, cache_salt=body.cache_salt)
 
+    def scorer():
+        return CompletionLogprobs(body.logprobs, lambda t: info.tokenizer.decode([t])) if body.logprobs is not None \
+            else None
+
     release = take_slot(request)  # one slot for the whole request, however many prompts it carries
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        echo = (info.tokenizer.decode(prompts[0]), prompts[0]) if body.echo else None
         return sse(completion_events(await started(holding(generate(0), release)), rid, name, created,
                                      len(prompts[0]), include_usage, body.return_token_ids,
-                                     finish_logger(request, len(prompts[0]), body.prompt)))
+                                     finish_logger(request, len(prompts[0]), body.prompt), scorer(), echo))
     try:
         finals = await asyncio.gather(*(collect(generate(i), request) for i in range(len(prompts))))
     finally:
@@ -204,12 +212,18 @@ async def completions(body: CompletionRequest, request: Request):
     choices, completion_tokens, cached = [], 0, 0
     for i, final in enumerate(finals):
         finish_logger(request, len(prompts[i]), body.prompt)(final)
-        out = final.outputs[0]
-        text = (info.tokenizer.decode(prompts[i]) if body.echo else "") + out.text
-        choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason(out)})
-        if body.return_token_ids:
-            choices[-1]["token_ids"] = out.token_ids
-        completion_tokens += len(out.token_ids)
+        for out in final.outputs:  # n samples of prompt i are choices i*n ... i*n + n-1, as OpenAI numbers them
+            score, scores = scorer(), None
+            text = (info.tokenizer.decode(prompts[i]) if body.echo else "") + out.text
+            if score is not None:  # with echo the prompt's tokens come first, the first one unscored
+                parts = [score(prompts[i], final.prompt_logprobs)] if body.echo else []
+                parts.append(score(out.token_ids, out.logprobs))
+                scores = {key: [v for part in parts for v in part[key]] for key in parts[0]}
+            choices.append({"index": i * body.n + out.index, "text": text, "logprobs": scores,
+                            "finish_reason": finish_reason(out)})
+            if body.return_token_ids:
+                choices[-1]["token_ids"] = out.token_ids
+            completion_tokens += len(out.token_ids)
         cached += final.num_cached_tokens
     return {"id": rid, "object": "text_completion", "created": created, "model": name, "choices": choices,
             "usage": usage(sum(map(len, prompts)), completion_tokens, cached)}

@@ -10,7 +10,9 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from engine.client import EngineDeadError, EngineOverloadedError
+from engine.outputs import ChoiceCollector
 from server.errors import APIError
+from server.logprobs import CompletionLogprobs, chat_logprobs
 from server.protocol import chat_chunk, completion_chunk, error_body, usage
 
 
@@ -21,12 +23,13 @@ def finish_reason(out) -> str | None:
 
 
 async def collect(stream: AsyncIterator, request: Request):
-    """Run a request to the end; if the client goes away first, cancel it (which aborts it)."""
+    """Run a request to the end, every choice of it (n > 1); if the client goes away first, cancel it
+    (which aborts it)."""
     async def consume():
-        last = None
-        async for last in stream:
-            pass
-        return last
+        choices = ChoiceCollector()
+        async for out in stream:
+            choices.add(out)
+        return choices.whole()
 
     task = asyncio.ensure_future(consume())
     while not task.done():
@@ -65,43 +68,65 @@ def sse(events: AsyncIterator[dict]) -> StreamingResponse:
 
 
 def _events(stream, make_chunk: Callable, obj: str, rid: str, model: str, created: int, prompt_len: int,
-            include_usage: bool, with_ids: bool, on_finish: Callable):
-    """SSE payloads of one request: deltas, the finishing chunk, then usage if asked for.
-    make_chunk(text, token_ids or None, finish_reason) builds the endpoint's chunk shape."""
+            include_usage: bool, with_ids: bool, on_finish: Callable, logprobs_of: Callable | None):
+    """SSE payloads of one request: each choice's deltas and its finishing chunk (n > 1 interleaves
+    them, told apart by index), then usage if asked for. make_chunk(index, text, token_ids or None,
+    finish_reason, logprobs or None) builds the endpoint's chunk shape; logprobs_of(token_ids,
+    entries) the logprobs of a chunk's tokens (None: not asked)."""
     async def gen():
+        choices = ChoiceCollector()
         async for out in stream:
-            if out.delta_text or (with_ids and out.delta_token_ids):
-                yield make_chunk(out.delta_text, out.delta_token_ids if with_ids else None, None)
-            if not out.finished:
-                continue
-            on_finish(out)
-            final = out.outputs[0]
-            if final.finish_reason == "error":
+            choices.add(out)
+            choice, new = out.outputs[0], out.delta_token_ids
+            if out.delta_text or (new and (with_ids or logprobs_of)):
+                scores = logprobs_of(new, choice.logprobs[-len(new):]) if logprobs_of and new else None
+                yield make_chunk(choice.index, out.delta_text, new if with_ids else None, None, scores)
+            if choice.finish_reason == "error":
                 yield error_body(out.error or "the request failed inside the engine", "internal_error")
                 return
-            yield make_chunk("", None, final.finish_reason)
-            if include_usage:
-                yield {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                       "usage": usage(prompt_len, len(final.token_ids), out.num_cached_tokens)}
+            if choice.finish_reason is not None:
+                yield make_chunk(choice.index, "", None, choice.finish_reason, None)
+            if out.finished:
+                final = choices.whole()
+                on_finish(final)
+                if include_usage:
+                    yield {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                           "usage": usage(prompt_len, sum(len(c.token_ids) for c in final.outputs),
+                                          final.num_cached_tokens)}
     return gen()
 
 
-async def chat_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish):
-    def make_chunk(text, token_ids, reason):
-        chunk = chat_chunk(rid, model, created, {} if reason else {"content": text}, reason)
+async def chat_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish,
+                      top_logprobs: int | None = None, n: int = 1):
+    def make_chunk(index, text, token_ids, reason, scores):
+        chunk = chat_chunk(rid, model, created, {} if reason else {"content": text}, reason, scores, index)
         if token_ids is not None:
             chunk["choices"][0]["token_ids"] = token_ids
         return chunk
 
-    yield chat_chunk(rid, model, created, {"role": "assistant", "content": ""})
+    logprobs_of = None if top_logprobs is None else (lambda ids, entries: chat_logprobs(ids, entries, top_logprobs))
+    for index in range(n):
+        yield chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, index=index)
     async for event in _events(stream, make_chunk, "chat.completion.chunk", rid, model, created, prompt_len,
-                               include_usage, with_ids, on_finish):
+                               include_usage, with_ids, on_finish, logprobs_of):
         yield event
 
 
-def completion_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish):
-    def make_chunk(text, token_ids, reason):
-        return completion_chunk(rid, model, created, text, finish_reason=reason, token_ids=token_ids)
+async def completion_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish,
+                            logprobs: CompletionLogprobs | None = None, echo: tuple[str, list[int]] | None = None):
+    """echo: (prompt text, prompt ids), sent as the first chunk, scored when logprobs are asked for."""
+    def make_chunk(index, text, token_ids, reason, scores):
+        return completion_chunk(rid, model, created, text, index, reason, token_ids, scores)
 
-    return _events(stream, make_chunk, "text_completion", rid, model, created, prompt_len, include_usage,
-                   with_ids, on_finish)
+    first = await stream.__anext__()
+    if echo is not None:
+        scores = logprobs(echo[1], first.prompt_logprobs) if logprobs and first.prompt_logprobs else None
+        yield make_chunk(0, echo[0], echo[1] if with_ids else None, None, scores)
+
+    async def rest():
+        yield first
+        async for out in stream:
+            yield out
+    async for event in _events(rest(), make_chunk, "text_completion", rid, model, created, prompt_len,
+                               include_usage, with_ids, on_finish, logprobs):
+        yield event

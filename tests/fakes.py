@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from engine.client import ContextLengthError, ModelInfo
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 
 
@@ -53,13 +53,26 @@ class FakeEngineClient:
                 text = self.info.tokenizer.decode(tokens[:n])
                 previous = self.info.tokenizer.decode(tokens[:n - 1])
                 metrics = RequestMetrics(arrival, arrival, arrival + 0.01, time.time() if finished else None)
-                yield RequestOutput(request_id, None, ids, [CompletionOutput(0, text, tokens[:n], reason)],
+                scores = [self._scores(t, params.logprobs) for t in tokens[:n]] if params.logprobs is not None else None
+                prompt_scores = ([None] + [self._scores(t, params.prompt_logprobs) for t in ids[1:]]
+                                 if params.prompt_logprobs is not None else None)
+                yield RequestOutput(request_id, None, ids, [CompletionOutput(0, text, tokens[:n], reason, None, scores)],
                                     finished, num_cached_tokens=0, metrics=metrics, delta_text=text[len(previous):],
-                                    delta_token_ids=[tokens[n - 1]])
+                                    delta_token_ids=[tokens[n - 1]], prompt_logprobs=prompt_scores)
             done = True
         finally:
             if not done:
                 self.aborted.append(request_id)
+
+    def _scores(self, token: int, top: int) -> dict:
+        """Scripted log-probabilities: the token itself ranked first at -0.25, then `top` others."""
+        decode = self.info.tokenizer.decode
+        entry = {token: Logprob(-0.25, 1, decode([token]))}
+        for rank, other in enumerate((t for t in range(100, 200) if t != token), 2):
+            if rank > top:
+                break
+            entry[other] = Logprob(-1.0 * rank, rank, decode([other]))
+        return entry
 
     def abort(self, request_id: str) -> None:
         self.aborted.append(request_id)

@@ -12,7 +12,7 @@ def tiny(tiny_model):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("n", 2), ("temperature", -0.1), ("temperature", "hot"), ("top_p", 0.0), ("top_p", 1.5),
+    ("n", 0), ("n", 65), ("temperature", -0.1), ("temperature", "hot"), ("top_p", 0.0), ("top_p", 1.5),
     ("top_k", -2), ("min_p", 1.5), ("max_tokens", 0), ("min_tokens", -1), ("stop", [""]),
     ("stop_token_ids", [-1]), ("seed", 1.5), ("repetition_penalty", 0.0), ("presence_penalty", 3.0),
     ("frequency_penalty", -2.5),

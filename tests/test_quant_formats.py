@@ -168,12 +168,12 @@ def test_our_gptq_on_smollm2_keeps_quality(tmp_path):
     text = open(os.path.join(os.path.dirname(__file__), "data", "eval_passage.txt")).read()
     bf16 = LLM(dtype="bfloat16", quantization="none", num_kv_blocks=64, max_model_len=1024)
     ids = bf16.get_tokenizer().encode(text)
-    base = bf16.engine.mean_nll(ids)
-    int8 = LLM(dtype="bfloat16", quantization="int8", num_kv_blocks=64, max_model_len=1024).engine.mean_nll(ids)
+    base = bf16.mean_nll(ids)
+    int8 = LLM(dtype="bfloat16", quantization="int8", num_kv_blocks=64, max_model_len=1024).mean_nll(ids)
     quantize_checkpoint(None, str(tmp_path), group_size=64)
     gptq = LLM(str(tmp_path), dtype="bfloat16", num_kv_blocks=64, max_model_len=1024)
     assert gptq.engine.quantization == "gptq"
-    nll = gptq.engine.mean_nll(ids)
+    nll = gptq.mean_nll(ids)
     assert nll < base * 1.10, (nll, base)
     assert int8 < base * 1.01, (int8, base)
     reply = gptq.chat([{"role": "user", "content": "What is the capital of France?"}],

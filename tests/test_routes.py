@@ -135,11 +135,9 @@ def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(fake, smol_
 
 
 @pytest.mark.parametrize("path, field, value", [
-    ("/v1/chat/completions", "logprobs", True), ("/v1/chat/completions", "top_logprobs", 3),
     ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "refund"}}]),
-    ("/v1/chat/completions", "tool_choice", "auto"), ("/v1/chat/completions", "logit_bias", {"42": 5}),
-    ("/v1/chat/completions", "response_format", {"type": "json_object"}), ("/v1/completions", "suffix", "!"),
-    ("/v1/completions", "logprobs", 2), ("/v1/completions", "best_of", 3),
+    ("/v1/chat/completions", "tool_choice", "auto"), ("/v1/chat/completions", "guided_json", {"type": "object"}),
+    ("/v1/completions", "suffix", "!"), ("/v1/completions", "best_of", 3),
 ])
 def test_fields_not_implemented_are_refused_by_name(http, fake, path, field, value):
     body = {"messages": HELLO} if "chat" in path else {"prompt": "Hi"}
@@ -178,3 +176,60 @@ def test_503_says_when_to_retry(fake, http):
     assert http.post("/v1/completions", json={"prompt": "Hi"}).headers["retry-after"] == "1"
     fake.refuse_with, fake.state = None, "loading"
     assert http.post("/v1/completions", json={"prompt": "Hi"}).headers["retry-after"] == "5"
+
+
+def test_chat_logprobs_in_openai_shape_whole_and_streamed(http, fake):
+    body = {"messages": HELLO, "logprobs": True, "top_logprobs": 2}
+    choice = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert len(content) == len(fake.reply_ids) and "".join(c["token"] for c in content) == choice["message"]["content"]
+    assert all(c["logprob"] == -0.25 and len(c["top_logprobs"]) == 2 and c["bytes"] == list(c["token"].encode())
+               for c in content)
+    assert fake.requests[-1]["params"].logprobs == 2
+    r = http.post("/v1/chat/completions", json={**body, "stream": True})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    streamed = [c for ch in chunks for c in ((ch["choices"][0].get("logprobs") or {}).get("content") or [])]
+    assert streamed == content
+    plain = http.post("/v1/chat/completions", json={"messages": HELLO}).json()["choices"][0]
+    assert plain["logprobs"] is None and fake.requests[-1]["params"].logprobs is None
+
+
+def test_completion_logprobs_with_echo_score_the_prompt_too(http, fake, smol_tokenizer):
+    r = http.post("/v1/completions", json={"prompt": "Where is my parcel?", "logprobs": 1, "echo": True}).json()
+    choice = r["choices"][0]
+    prompt_ids = smol_tokenizer.encode("Where is my parcel?")
+    scores = choice["logprobs"]
+    assert len(scores["tokens"]) == len(prompt_ids) + len(fake.reply_ids)
+    assert scores["token_logprobs"][0] is None and scores["top_logprobs"][0] is None
+    assert all(lp == -0.25 for lp in scores["token_logprobs"][1:])
+    assert "".join(scores["tokens"]) == choice["text"]
+    assert scores["text_offset"] == sorted(scores["text_offset"]) and scores["text_offset"][0] == 0
+    assert fake.requests[-1]["params"].prompt_logprobs == 1
+    r = http.post("/v1/completions", json={"prompt": "Hi", "logprobs": 0, "stream": True})
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    tokens = [t for ch in chunks if ch["choices"] and ch["choices"][0]["logprobs"]
+              for t in ch["choices"][0]["logprobs"]["tokens"]]
+    assert "".join(tokens) == "".join(ch["choices"][0]["text"] for ch in chunks if ch["choices"])
+
+
+@pytest.mark.parametrize("fields, expected", [
+    ({"response_format": {"type": "json_object"}}, {"json_object": True}),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object"}}}},
+     {"json": {"type": "object"}}),
+    ({"structured_outputs": {"regex": "NW[0-9]{8}"}}, {"regex": "NW[0-9]{8}"}),
+    ({"structured_outputs": {"choice": ["yes", "no"]}}, {"choice": ["yes", "no"]}),
+    ({"response_format": {"type": "text"}}, None),
+])
+def test_structured_output_requests_reach_the_engine(http, fake, fields, expected):
+    for path, body in (("/v1/chat/completions", {"messages": HELLO}), ("/v1/completions", {"prompt": "Hi"})):
+        assert http.post(path, json={**body, **fields}).status_code == 200
+        spec = fake.requests[-1]["params"].structured_outputs
+        assert (spec and {k: v for k, v in vars(spec).items() if v is not None}) == expected
+
+
+def test_masks_reach_the_engine(http, fake):
+    http.post("/v1/chat/completions", json={"messages": HELLO, "logit_bias": {"42": 150, "7": -3},
+                                            "allowed_token_ids": [1, 2, 42], "bad_words": ["refund"]})
+    params = fake.requests[-1]["params"]
+    assert params.logit_bias == {42: 100.0, 7: -3.0} and params.allowed_token_ids == [1, 2, 42]
+    assert params.bad_words == ["refund"]

@@ -1,0 +1,73 @@
+"""What constrains a request's next token beyond sampling. Structured outputs on llguidance: a JSON
+schema, regex, choice or Lark grammar becomes a matcher that, each step, says which tokens may come
+next (a bitmask applied to that request's row of logits in the batched sampler) and then consumes
+the token sampled; free requests in the same batch are untouched. And bad_words as token sequences."""
+from __future__ import annotations
+
+import json
+import re
+
+import torch
+
+from engine.sampling_params import StructuredOutputsParams
+
+
+class GrammarCompiler:
+    """One per model: the llguidance view of its tokenizer is built on first use (~0.3 s)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, eos_token_ids
+        self._lltokenizer = None
+
+    def matcher(self, spec: StructuredOutputsParams):
+        """A fresh matcher for one request, or ValueError saying what is wrong with the grammar."""
+        import llguidance
+        import llguidance.hf
+
+        if self._lltokenizer is None:
+            self._lltokenizer = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size,
+                                                              eos_token=list(self.eos_token_ids) or None)
+        M = llguidance.LLMatcher
+        if spec.json is not None:
+            grammar = M.grammar_from_json_schema(json.dumps(spec.json))
+        elif spec.json_object:
+            grammar = M.grammar_from_json_schema(json.dumps({"type": "object"}))
+        elif spec.regex is not None:
+            grammar = M.grammar_from_regex(spec.regex)
+        elif spec.choice is not None:
+            grammar = M.grammar_from_regex("|".join(f"({re.escape(c)})" for c in spec.choice))
+        else:
+            grammar = M.grammar_from_lark(spec.grammar)
+        problem = M.validate_grammar(grammar, self._lltokenizer)
+        if problem:
+            raise ValueError(f"structured_outputs: {problem.strip()}")
+        matcher = M(self._lltokenizer, grammar)
+        if matcher.is_error():
+            raise ValueError(f"structured_outputs: {matcher.get_error()}")
+        return matcher
+
+
+def apply_grammar_masks(logits: torch.Tensor, matchers: list) -> None:
+    """Rows with a matcher keep only the tokens their grammar allows next; rows with None are free."""
+    import llguidance.torch as lt
+
+    rows = [i for i, m in enumerate(matchers) if m is not None]
+    if not rows:
+        return
+    bitmask = lt.allocate_token_bitmask(len(rows), logits.shape[-1])
+    for j, i in enumerate(rows):
+        lt.fill_next_token_bitmask(matchers[i], bitmask, j)
+    constrained = logits[rows].float()
+    lt.apply_token_bitmask_inplace(constrained, bitmask.to(logits.device))
+    logits[rows] = constrained.to(logits.dtype)
+
+
+def bad_word_sequences(tokenizer, words: list[str] | None) -> list[list[int]]:
+    """Each word as the token sequences that spell it, alone and after a space (as vLLM does)."""
+    sequences = []
+    for word in words or []:
+        for text in (word.strip(), " " + word.strip()):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            if ids and ids not in sequences:
+                sequences.append(ids)
+    return sequences

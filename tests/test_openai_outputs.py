@@ -1,0 +1,121 @@
+"""Log probabilities, structured outputs and logit masks through the official `openai` client against
+a live server on the real model, streaming and not."""
+import json
+
+import openai
+import pytest
+
+from engine import EngineConfig, SamplingParams
+from engine.async_llm import AsyncLLM
+from tests.serving import LiveServer
+from tests.test_logprobs_and_constraints import ORDER_SCHEMA, PASSAGE, check_order
+
+QUESTION = [{"role": "user", "content": "My parcel NW20481377 is late. What should I do?"}]
+EXTRACT = [{"role": "system", "content": "Extract the order number, the product and the customer's intent as JSON."},
+           {"role": "user", "content": "Order NW55512345: the two-person tent leaks. I would like a new one."}]
+
+
+@pytest.fixture(scope="module")
+def live():
+    with LiveServer(AsyncLLM(EngineConfig(dtype="float32", num_kv_blocks=512, max_model_len=2048))) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def client(live):
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def test_chat_logprobs_match_the_engine_streamed_or_not(client, smol32):
+    whole = client.chat.completions.create(model=model(client), messages=QUESTION, max_tokens=10, temperature=0,
+                                           logprobs=True, top_logprobs=3)
+    content = whole.choices[0].logprobs.content
+    engine = smol32.generate([smol32.render_chat(QUESTION)],
+                             SamplingParams(temperature=0, max_tokens=10, logprobs=3))[0].outputs[0]
+    assert len(content) == len(engine.token_ids)
+    for item, token, entry in zip(content, engine.token_ids, engine.logprobs):
+        assert abs(item.logprob - entry[token].logprob) < 1e-4 and item.token == entry[token].decoded_token
+        assert [t.token for t in item.top_logprobs] == [e.decoded_token for e in
+                                                        sorted(entry.values(), key=lambda e: e.rank)][:3]
+    stream = client.chat.completions.create(model=model(client), messages=QUESTION, max_tokens=10, temperature=0,
+                                            logprobs=True, top_logprobs=3, stream=True)
+    streamed = [c for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for c in chunk.choices[0].logprobs.content]
+    assert [c.token for c in streamed] == [c.token for c in content]
+    assert max(abs(a.logprob - b.logprob) for a, b in zip(streamed, content)) < 1e-4  # the second run hits the cache
+
+
+def test_completion_echo_scores_the_prompt_like_the_engine(client, smol32):
+    r = client.completions.create(model=model(client), prompt=PASSAGE, max_tokens=3, temperature=0, logprobs=2,
+                                  echo=True)
+    scores = r.choices[0].logprobs
+    ids = smol32.get_tokenizer().encode(PASSAGE)
+    engine = smol32.generate([ids], SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=2, logprobs=2))[0]
+    assert scores.token_logprobs[0] is None and len(scores.tokens) == len(ids) + 3
+    expected = [entry[t].logprob for entry, t in zip(engine.prompt_logprobs[1:], ids[1:])]
+    expected += [entry[t].logprob for entry, t in zip(engine.outputs[0].logprobs, engine.outputs[0].token_ids)]
+    assert max(abs(a - b) for a, b in zip(scores.token_logprobs[1:], expected)) < 1e-4
+    assert r.choices[0].text.startswith(PASSAGE) and "".join(scores.tokens) == r.choices[0].text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_schema_response_format_always_validates(client, stream):
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER_SCHEMA, "strict": True}}
+    for seed in range(3):
+        r = client.chat.completions.create(model=model(client), messages=EXTRACT, max_tokens=120, temperature=0.8,
+                                           seed=seed, response_format=fmt, stream=stream)
+        text = "".join(c.choices[0].delta.content or "" for c in r if c.choices) if stream else \
+            r.choices[0].message.content
+        check_order(text)
+
+
+def test_json_object_choice_and_logit_bias(client):
+    r = client.chat.completions.create(model=model(client), messages=QUESTION, max_tokens=80, temperature=0,
+                                       response_format={"type": "json_object"})
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    r = client.completions.create(model=model(client), prompt="The customer wants a", max_tokens=8, temperature=0,
+                                  extra_body={"structured_outputs": {"choice": ["refund", "replacement"]}})
+    assert r.choices[0].text in ("refund", "replacement")
+    biased = client.completions.create(model=model(client), prompt="Hello", max_tokens=3, temperature=0,
+                                       logit_bias={"33": 100}, extra_body={"return_token_ids": True})
+    assert biased.choices[0].model_extra["token_ids"] == [33, 33, 33]
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"structured_outputs": {"regex": "[0-9+"}}, "structured_outputs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+    ({"logit_bias": {"99999999": 5}}, "logit_bias"),
+])
+def test_bad_constraints_are_a_400_that_says_why(client, live, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model(client), messages=QUESTION, max_tokens=5, extra_body=extra)
+    assert e.value.body["param"] == param and len(e.value.body["message"]) > 15
+    assert live.llm.run_on_engine_thread(lambda eng: eng.get_stats().kv_blocks_used) == 0
+
+
+def test_n_choices_whole_and_streamed(client, live):
+    whole = client.chat.completions.create(model=model(client), messages=QUESTION, max_tokens=8, temperature=1.0,
+                                           seed=3, n=3, extra_body={"ignore_eos": True})
+    assert [c.index for c in whole.choices] == [0, 1, 2] and all(c.message.content for c in whole.choices)
+    assert whole.usage.completion_tokens == 3 * 8
+    stream = client.chat.completions.create(model=model(client), messages=QUESTION, max_tokens=8, temperature=1.0,
+                                            seed=3, n=3, stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True})
+    texts, finished, used = {0: "", 1: "", 2: ""}, set(), None
+    for chunk in stream:
+        if chunk.usage:
+            used = chunk.usage
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1, 2} and [texts[i] for i in range(3)] == [c.message.content for c in whole.choices]
+    assert used.completion_tokens == whole.usage.completion_tokens
+    batch = client.completions.create(model=model(client), prompt=["Hello", "Thanks"], max_tokens=4, n=2,
+                                      temperature=1.0, seed=1)
+    assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
+    assert live.llm.run_on_engine_thread(lambda eng: eng.get_stats().kv_blocks_used) == 0

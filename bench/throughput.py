@@ -42,7 +42,8 @@ class Session:
         self.messages.append({"role": "assistant", "content": text})
 
 
-def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int) -> dict:
+def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int, salted: bool = False) -> dict:
+    """salted: each session's turns carry their own cache_salt (no prefix shared across sessions)."""
     eng = llm.engine
     llm.reset_prefix_cache()
     before = eng.get_stats()
@@ -55,7 +56,8 @@ def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int) -> dict:
         msgs = sessions[sid].next_messages()
         if msgs is not None:
             turn_no[sid] += 1
-            eng.add_request(llm.render_chat(msgs), params, request_id=f"{sid}-{turn_no[sid]}")
+            eng.add_request(llm.render_chat(msgs), params, request_id=f"{sid}-{turn_no[sid]}",
+                            cache_salt=f"user:{sid}" if salted else None)
 
     t0 = time.perf_counter()
     for sid in sessions:
@@ -72,7 +74,7 @@ def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int) -> dict:
     after = eng.get_stats()
     queries = after.prefix_cache_queries - before.prefix_cache_queries
     hits = after.prefix_cache_hits - before.prefix_cache_hits
-    return dict(tok_s=generated / seconds, generated=generated, seconds=seconds,
+    return dict(tok_s=generated / seconds, generated=generated, seconds=seconds, computed=queries - hits,
                 ttft_p50=_pct(ttfts, 50), ttft_p95=_pct(ttfts, 95), hit_rate=hits / max(queries, 1))
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
 QUANTIZATIONS = (None, "none", "int8", "int4", "int4-g64", "gguf")
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 def cache_dir() -> str:
@@ -32,6 +33,9 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None  # None: one per core this process may use
     max_waiting: int = 1024  # bounded waiting queue: past it, add_request says "overloaded"
+    # vLLM's: "raw_logprobs" are the model's log-softmax; "processed_logprobs" those of the distribution
+    # sampled from: after penalties, logit_bias, masks and temperature (before top-k / top-p / min-p)
+    logprobs_mode: str = "raw_logprobs"
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ValueError:
@@ -56,6 +60,8 @@ class EngineConfig:
             raise bad("scheduling_policy", "must be 'fcfs' or 'priority'")
         if self.quantization not in QUANTIZATIONS:
             raise bad("quantization", f"must be one of {QUANTIZATIONS}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise bad("logprobs_mode", f"must be one of {LOGPROBS_MODES}")
         if not isinstance(self.seed, int):
             raise bad("seed", "must be an integer")
         if self.model is not None and not (isinstance(self.model, str) and self.model):
@@ -118,6 +124,9 @@ def add_engine_args(parser) -> None:
     g.add_argument("--threads", dest="num_threads", type=int, default=None,
                    help="torch threads (default: one per available core)")
     g.add_argument("--max-waiting", type=int, default=1024)
+    g.add_argument("--logprobs-mode", default="raw_logprobs", choices=LOGPROBS_MODES,
+                   help="raw: the model's log-softmax (vLLM's default); processed: after penalties, bias, masks and "
+                        "temperature, the distribution sampled from")
 
 
 def config_from_args(args) -> EngineConfig:

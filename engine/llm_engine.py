@@ -69,7 +69,8 @@ class LLMEngine:
                 raise ValueError(f"max_model_len {config.max_model_len} does not fit the KV cache "
                                  f"({num_blocks} blocks x {config.block_size} = {capacity} tokens)")
             self.max_model_len = capacity
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, self.device, config.seed)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, self.device, config.seed,
+                                  config.logprobs_mode)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0

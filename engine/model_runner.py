@@ -15,8 +15,9 @@ from engine.sampler import Sampler
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device, seed: int) -> None:
+                 device: torch.device, seed: int, logprobs_mode: str = "raw_logprobs") -> None:
         self.model = model
+        self.logprobs_mode = logprobs_mode
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler(seed, device)
@@ -50,16 +51,19 @@ class ModelRunner:
         if not samplers:
             return ModelRunnerOutput({}, prompt_logprobs=prompt_scores)
         requests = [s.request for s in samplers]
+        scored_logits = logits
         try:
             out = ModelRunnerOutput({r.request_id: t for r, t in zip(requests, self.sampler(logits, requests))})
+            if self.logprobs_mode == "processed_logprobs":
+                scored_logits = self.sampler.processed
         except Exception:  # noqa: BLE001 - a fault is the request's own: find whose, row by row
             out = self._sample_rows(logits, requests)
         out.prompt_logprobs = prompt_scores
         asking = [(i, r) for i, r in enumerate(requests) if r.params.logprobs is not None and r.request_id in out.sampled]
-        if asking:  # raw log-probabilities (vLLM's default): the model's, before any sampling adjustment
+        if asking:  # raw (the model's, vLLM's default) or processed (what was sampled from): logprobs_mode
             rows = torch.tensor([i for i, _ in asking], device=logits.device)
             chosen = [out.sampled[r.request_id] for _, r in asking]
-            scored = score_tokens(logits[rows], chosen, max(r.params.logprobs for _, r in asking))
+            scored = score_tokens(scored_logits[rows], chosen, max(r.params.logprobs for _, r in asking))
             for (_, r), token, entry in zip(asking, chosen, scored):
                 out.logprobs[r.request_id] = trim(entry, token, r.params.logprobs)
         return out

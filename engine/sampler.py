@@ -16,13 +16,16 @@ class Sampler:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self._request_generators: dict[str, torch.Generator] = {}
+        self.processed: torch.Tensor | None = None
 
     def forget(self, request_id: str) -> None:
         self._request_generators.pop(request_id, None)
 
     def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """logits [N, V] float32, one row per request that samples this step."""
+        """logits [N, V] float32, one row per request that samples this step. Leaves in `processed`
+        the logits of the distribution sampled from, before top-k / top-p / min-p (processed logprobs)."""
         params = [r.params for r in requests]
+        self.processed = logits
         if all(p.greedy and not p.has_penalties and not p.masks_logits and r.num_output_tokens >= p.min_tokens
                for r, p in zip(requests, params)):
             return logits.argmax(dim=-1).tolist()
@@ -32,10 +35,11 @@ class Sampler:
         apply_grammar_masks(logits, [r.grammar for r in requests])
         greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         greedy_tokens = logits.argmax(dim=-1)
+        self.processed = logits
         if bool(greedy.all()):
             return greedy_tokens.tolist()
         temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
-        logits = logits / temps.unsqueeze(1)
+        logits = self.processed = logits / temps.unsqueeze(1)
         logits = self._filter(logits, params)
         probs = logits.softmax(dim=-1)
         noise = torch.empty_like(probs).exponential_(generator=self.generator)

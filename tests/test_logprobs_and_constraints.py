@@ -140,3 +140,21 @@ def test_bad_constraints_are_refused_at_admission(smol32, params, complaint):
 def test_sampling_params_refuse_bad_values(fields, complaint):
     with pytest.raises(ValueError, match=complaint):
         SamplingParams(**fields)
+
+
+def test_processed_logprobs_are_those_of_the_distribution_sampled_from(hf_smol):
+    from engine import LLM
+
+    llm = LLM(dtype="float32", num_kv_blocks=128, max_model_len=1024, logprobs_mode="processed_logprobs")
+    prompt = llm.get_tokenizer().encode("Our support hours are")
+    bias = {11: 3.0, 314: -2.0}
+    out = llm.generate([prompt], SamplingParams(temperature=2.0, seed=4, max_tokens=6, ignore_eos=True, logprobs=2,
+                                                logit_bias=bias))[0].outputs[0]
+    with torch.no_grad():
+        raw = hf_smol(torch.tensor([prompt + out.token_ids])).logits[0].float()
+    for step, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
+        row = raw[len(prompt) - 1 + step].clone()
+        for t, b in bias.items():
+            row[t] += b
+        expected = (row / 2.0).log_softmax(-1)
+        assert abs(entry[token].logprob - expected[token].item()) < 1e-3

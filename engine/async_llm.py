@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
+import psutil
+
 from engine.client import EngineDeadError, ModelInfo
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
@@ -50,6 +52,8 @@ class AsyncLLM:
         self._ids = itertools.count()
         self._stop = False
         self._loaded = threading.Event()
+        self._switching = threading.Lock()
+        self._draining: LLMEngine | None = None  # the previous model, finishing its replies after a switch
         self._thread = threading.Thread(target=self._run, name="pagedchat-engine", daemon=True)
         if load:
             self._thread.start()
@@ -113,8 +117,9 @@ class AsyncLLM:
 
     def abort(self, request_id: str) -> None:
         def do() -> None:
-            if self._engine is not None:
-                self._engine.abort_request(request_id)
+            for engine in (self._engine, self._draining):
+                if engine is not None:
+                    engine.abort_request(request_id)
         self._submit(do)
 
     def snapshot(self) -> dict | None:
@@ -150,32 +155,36 @@ class AsyncLLM:
         return quantization_choices_for(model, self.config)
 
     def switch_model(self, model: str | None, quantization: str | None) -> str:
-        """Load another model on the engine thread. In-flight requests are aborted (their streams end
-        with "abort"); if the load fails the old model keeps serving and ValueError says why.
-        Blocks the caller until done; returns a line saying what happened."""
+        """Load another model without stalling anyone: it loads on the caller's thread while the old
+        one keeps serving; the swap happens between steps; replies in flight finish on the old model
+        (it keeps stepping until they are done, then is dropped) while new requests go to the new one.
+        A failed load leaves the old model serving and raises ValueError. Blocks the caller until
+        loaded; returns a line saying what happened, with the memory both models took at once."""
         from engine.quant.choices import resolve_switch
 
-        model, quantization = resolve_switch(model, quantization)  # may run our GPTQ producer first
-        config = dataclasses.replace(self.config, model=model, quantization=quantization)
-
-        def do(old: LLMEngine) -> str:
-            aborted = sorted(self._streams) + [r for r in list(old._tracked) if r not in self._streams]
-            for rid in aborted:
-                old.abort_request(rid)
-            for out in old.step():
-                self._deliver(out)
-            t0 = time.perf_counter()
+        if not self._switching.acquire(blocking=False):
+            raise ValueError("a model switch is already in progress")
+        try:
+            model, quantization = resolve_switch(model, quantization)  # may run our GPTQ producer first
+            config = dataclasses.replace(self.config, model=model, quantization=quantization)
+            rss_before, t0 = psutil.Process().memory_info().rss, time.perf_counter()
             try:
                 new = LLMEngine(config)
             except Exception as e:
                 self.metrics.load_failures.labels(self.metrics.model_name).inc()
                 raise ValueError(f"could not load {config.model or 'the default model'}: {e}") from e
-            self._engine, self.config = new, config
-            del old
-            self._loaded_new(new)
-            return (f"loaded {new.source.name} in {time.perf_counter() - t0:.1f}s; "
-                    f"aborted {len(aborted)} in-flight request(s)")
-        return self.run_on_engine_thread(do, timeout=600)
+            both = psutil.Process().memory_info().rss
+
+            def swap(old: LLMEngine) -> int:
+                self._engine, self.config, self._draining = new, config, old
+                self._loaded_new(new)
+                return len(old._tracked)
+            finishing = self.run_on_engine_thread(swap, timeout=600)
+            return (f"loaded {new.source.name} in {time.perf_counter() - t0:.1f}s while the old model served; "
+                    f"{finishing} reply(ies) in flight finish on the old model; memory {rss_before / 2**20:.0f} MiB "
+                    f"before, {both / 2**20:.0f} MiB with both models loaded")
+        finally:
+            self._switching.release()
 
     def _loaded_new(self, engine: LLMEngine) -> None:
         self._info = engine.model_info(self.config.model)
@@ -232,10 +241,14 @@ class AsyncLLM:
                 command()
             engine = self._engine  # a command may have switched the model
             outputs = engine.step() if engine.has_unfinished_requests() else []
-            stepped = bool(outputs) or engine.has_unfinished_requests()
+            if self._draining is not None:  # after a switch: the old model finishes its replies
+                outputs += self._draining.step()
+                if not self._draining.has_unfinished_requests():
+                    self._draining = None
+            busy = engine.has_unfinished_requests() or self._draining is not None
             for out in outputs:
                 self._deliver(out)
-            self.metrics.on_step(engine.get_stats(), stepped=stepped)
-            if not engine.has_unfinished_requests():
+            self.metrics.on_step(engine.get_stats(), stepped=bool(outputs) or busy)
+            if not busy:
                 self._wake.wait(timeout=1.0)
 

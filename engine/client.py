@@ -102,7 +102,8 @@ class EngineClient(Protocol):
         """What an operator may pick for `model`; the first is its default."""
 
     def switch_model(self, model: str | None, quantization: str | None) -> str:
-        """Load another model (blocking); a failed load leaves the old one serving and raises
+        """Load another model (blocking the caller, never the others: the old model serves while it
+        loads and finishes the replies in flight); a failed load leaves the old one serving and raises
         ValueError. Returns a line saying what happened."""
 
     def shutdown(self) -> None: ...

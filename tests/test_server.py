@@ -231,28 +231,62 @@ def test_a_crashed_engine_loop_fails_requests_and_health(tiny_model):
         assert health.status_code == 503 and "scheduler bug" in health.json()["error"]
 
 
-def test_model_switch_aborts_in_flight_and_serves_the_new_model(tiny_model):
+def test_a_model_switch_never_stalls_and_replies_in_flight_finish_on_the_old_model(tiny_model, monkeypatch):
     import asyncio
+    import threading
+
+    import engine.async_llm as async_llm
 
     llama, _ = tiny_model("llama")
     qwen, _ = tiny_model("qwen2")
     llm = AsyncLLM(EngineConfig(model=llama, dtype="float32", num_kv_blocks=64))
     assert llm.wait_ready(120)
+    loading, release = threading.Event(), threading.Event()
+
+    def slow_load(config):  # the new model takes as long as the test says
+        loading.set()
+        assert release.wait(120)
+        return async_llm.LLMEngine.__wrapped__(config)
+
+    slow_load.__wrapped__ = async_llm.LLMEngine
+    monkeypatch.setattr(async_llm, "LLMEngine", slow_load)
 
     async def scenario():
-        stream = llm.generate([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True))
-        first = await stream.__anext__()
-        assert not first.finished
-        message = await asyncio.to_thread(llm.switch_model, qwen, None)
-        reasons = [out.outputs[0].finish_reason async for out in stream]
-        return message, reasons[-1]
+        in_flight = llm.generate([1, 2, 3], SamplingParams(max_tokens=60, ignore_eos=True))
+        assert not (await in_flight.__anext__()).finished
+        switch = asyncio.ensure_future(asyncio.to_thread(llm.switch_model, qwen, None))
+        await asyncio.to_thread(loading.wait, 60)
+        during = await _collect(llm.generate([7, 8, 9], SamplingParams(max_tokens=5, ignore_eos=True)))
+        assert not switch.done()  # answered on the old model while the new one was still loading
+        with pytest.raises(ValueError, match="already in progress"):
+            llm.switch_model(qwen, None)
+        release.set()
+        message = await switch
+        last = await _collect(in_flight)
+        return during, message, last
 
-    message, reason = asyncio.run(scenario())
-    assert "aborted 1 in-flight" in message and reason == "abort"
+    during, message, last = asyncio.run(scenario())
+    assert len(during.outputs[0].token_ids) == 5 and during.outputs[0].finish_reason == "length"
+    assert last.outputs[0].finish_reason == "length" and len(last.outputs[0].token_ids) == 60  # not aborted
+    assert "finish on the old model" in message and "both models loaded" in message
     assert llm.info.name == os.path.basename(qwen)
     assert llm.run_on_engine_thread(lambda e: e.hf_config.model_type) == "qwen2"
     done = asyncio.run(_collect(llm.generate([4, 5], SamplingParams(max_tokens=3, ignore_eos=True))))
     assert len(done.outputs[0].token_ids) == 3
+    llm.shutdown()
+
+
+def test_a_failed_switch_leaves_the_old_model_serving(tiny_model, tmp_path):
+    import asyncio
+
+    llama, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=llama, dtype="float32", num_kv_blocks=64))
+    assert llm.wait_ready(120)
+    (tmp_path / "broken.gguf").write_bytes(b"GGUF but not really")
+    with pytest.raises(ValueError, match="could not load"):
+        llm.switch_model(str(tmp_path / "broken.gguf"), None)
+    done = asyncio.run(_collect(llm.generate([4, 5], SamplingParams(max_tokens=3, ignore_eos=True))))
+    assert len(done.outputs[0].token_ids) == 3 and llm.info.name == os.path.basename(llama)
     llm.shutdown()
 
 

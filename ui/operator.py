@@ -51,7 +51,7 @@ class OperatorHandlers:
     async def switch(self, label: str, quant: str, request: gr.Request):
         self._check(request)
         serving = self.client.info.name if self.client.info else "the current model"
-        yield f"Loading **{label}** ({quant})… in-flight requests will be aborted."
+        yield f"Loading **{label}** ({quant})… the current model keeps answering until it is ready."
         try:
             result = await asyncio.to_thread(self.client.switch_model, self.models[label], quant)
         except ValueError as e:

@@ -25,10 +25,12 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		{ echo "install Debian's chromium package (sudo apt-get install chromium)"; exit 1; }
 
-# promtool, from Debian's prometheus package, unpacked into .tools (no server is installed).
+# promtool and nginx, from Debian's packages, unpacked into .tools (no service is installed or started).
 tools:
 	@test -x .tools/pkg/usr/bin/promtool || { mkdir -p .tools && cd .tools && apt-get download prometheus \
 		>/dev/null && dpkg -x prometheus_*.deb pkg; }
+	@test -x .tools/nginx/usr/sbin/nginx || { mkdir -p .tools && cd .tools && apt-get download nginx \
+		>/dev/null && dpkg -x nginx_*.deb nginx; }
 
 run: install
 	$(PY) app.py $(ARGS)

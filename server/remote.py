@@ -97,30 +97,37 @@ class RemoteLLM:
         headers = {**self._headers, "X-Request-Id": request_id, "X-Session-Id": session_id or request_id}
         metrics = RequestMetrics(time.time(), None, None, None)
         text, ids, reason, cached = "", [], None, 0
-        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as client:
-            async with client.stream("POST", f"{self.url}/completions", json=body, headers=headers) as r:
-                if r.status_code != 200:
-                    raise _refusal(r.status_code, await r.aread())
-                self._open[request_id] = (asyncio.get_running_loop(), r)
-                try:
-                    async for line in r.aiter_lines():
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        chunk = json.loads(line[6:])
-                        if "error" in chunk:
-                            raise EngineDeadError(chunk["error"].get("message"))
-                        if chunk.get("usage"):
-                            cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
-                        for choice in chunk.get("choices", []):
-                            delta, delta_ids = choice.get("text", ""), choice.get("token_ids") or []
-                            if delta_ids and metrics.first_token_time is None:
-                                metrics.first_token_time = metrics.first_scheduled_time = time.time()
-                            text, ids = text + delta, ids + delta_ids
-                            reason = choice.get("finish_reason") or reason
-                            if delta or delta_ids:
-                                yield _output(request_id, prompt, text, ids, None, cached, metrics, delta, delta_ids)
-                finally:
-                    self._open.pop(request_id, None)
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as client:
+                async with client.stream("POST", f"{self.url}/completions", json=body, headers=headers) as r:
+                    if r.status_code != 200:
+                        raise _refusal(r.status_code, await r.aread())
+                    self._open[request_id] = (asyncio.get_running_loop(), r)
+                    try:
+                        async for line in r.aiter_lines():
+                            if not line.startswith("data: ") or line == "data: [DONE]":
+                                continue
+                            chunk = json.loads(line[6:])
+                            if "error" in chunk:
+                                raise EngineDeadError(chunk["error"].get("message"))
+                            if chunk.get("usage"):
+                                cached = chunk["usage"]["prompt_tokens_details"]["cached_tokens"]
+                            for choice in chunk.get("choices", []):
+                                delta, delta_ids = choice.get("text", ""), choice.get("token_ids") or []
+                                if delta_ids and metrics.first_token_time is None:
+                                    metrics.first_token_time = metrics.first_scheduled_time = time.time()
+                                text, ids = text + delta, ids + delta_ids
+                                reason = choice.get("finish_reason") or reason
+                                if delta or delta_ids:
+                                    yield _output(request_id, prompt, text, ids, None, cached, metrics, delta,
+                                                  delta_ids)
+                    finally:
+                        self._open.pop(request_id, None)
+        except httpx.HTTPError as e:  # the engine pod went away (killed, restarted, unreachable)
+            raise EngineDeadError(f"the engine answering this chat went away ({type(e).__name__}); "
+                                  f"send again to continue on another one") from None
+        if reason is None:
+            raise EngineDeadError("the engine answering this chat went away mid-reply; send again to continue")
         metrics.finished_time = time.time()
         yield _output(request_id, prompt, text, ids, reason or "stop", cached, metrics, "", [])
 
@@ -160,6 +167,8 @@ def _refusal(status: int, body: bytes) -> Exception:
         message = body.decode(errors="replace")
     if status == 429:
         return TooManyRequestsError(message)
+    if status in (502, 504):  # the proxy in front of the engine pods found none answering
+        return EngineDeadError(f"no engine is answering ({status}): {message[:200]}")
     if status == 503:
         return EngineOverloadedError(message) if "overloaded" in message else EngineDeadError(message)
     return ValueError(message)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from engine.client import ContextLengthError, ModelInfo
+from engine.client import ContextLengthError, EngineDeadError, ModelInfo
 from engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -21,6 +21,7 @@ class FakeEngineClient:
         self.aborted: list[str] = []
         self.refuse_with: Exception | None = None  # raised at admission when set
         self.gate: asyncio.Event | None = None  # when set, each token waits for it (a slow engine)
+        self.die_after: int | None = None  # when set, the engine goes away after this many tokens
         self.switches: list[tuple] = []
 
     @property
@@ -47,6 +48,8 @@ class FakeEngineClient:
             for n in range(1, len(tokens) + 1):
                 if self.gate is not None:
                     await self.gate.wait()
+                if self.die_after is not None and n > self.die_after:
+                    raise EngineDeadError("the engine answering this chat went away mid-reply")
                 await asyncio.sleep(0)
                 finished = n == len(tokens)
                 reason = None if not finished else ("length" if n == params.max_tokens else "stop")

@@ -338,3 +338,19 @@ def test_salting_by_user_keeps_each_users_prefixes_apart(fake, tmp_path):
             uid, sid = chat.current(None, None, tab(name))
             asyncio.run(drain(chat.send(uid, sid, "Hello", 0.0, 1.0, 8, request=tab(name))))
     assert [r["cache_salt"] for r in fake.requests] == [None, None, "user:login:erin", "user:login:frank"]
+
+
+def test_a_reply_cut_by_a_vanished_engine_is_kept_as_interrupted_and_the_chat_goes_on(chat, fake, monkeypatch):
+    uid, sid = chat.current(None, None, tab("erin"))
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    fake.die_after = 3
+    updates = asyncio.run(drain(chat.send(uid, sid, "Where is my parcel?", 0.0, 1.0, 64, request=tab("erin"))))
+    assert "went away" in warnings[0] and updates[-1][1] == ""  # sent: the box stays empty
+    messages = chat.store.messages(uid, sid)
+    assert [m["role"] for m in messages] == ["user", "assistant"]
+    assert messages[1]["finish_reason"] == "interrupted" and messages[1]["token_ids"] == fake.reply_ids[:3]
+    assert "interrupted" in updates[-1][0][-1]["content"]
+    fake.die_after = None
+    asyncio.run(drain(chat.send(uid, sid, "Hello again?", 0.0, 1.0, 64, request=tab("erin"))))
+    assert fake.requests[-1]["prompt"][:len(messages[0]["token_ids"]) + 3] == messages[0]["token_ids"] + fake.reply_ids[:3]

@@ -18,7 +18,12 @@ from ui.conversation import build_prompt
 log = logging.getLogger("pagedchat.ui")
 
 
-TYPING = {"role": "assistant", "content": "*typing…*"}  # shown under a sent message until the reply starts
+TYPING = {"role": "assistant", "content": "*typing…*"}
+
+
+class ReplyCut(EngineDeadError):
+    """A reply cut after it had started (its engine went away): what was written is stored, marked
+    interrupted, and the turn counts as sent."""  # shown under a sent message until the reply starts
 
 
 def reply_footer(m: dict) -> str:
@@ -26,7 +31,7 @@ def reply_footer(m: dict) -> str:
         return ""
     ttft = f"TTFT {m['ttft'] * 1000:.0f} ms · " if m.get("ttft") is not None else ""
     speed = f"{m['tokens_per_s']:.1f} tok/s · " if m.get("tokens_per_s") else ""
-    stopped = {"abort": " · stopped", "interrupted": " · interrupted (the server restarted)",
+    stopped = {"abort": " · stopped", "interrupted": " · interrupted (the server or its engine went away)",
                "streaming": " · still being written"}.get(m.get("finish_reason"), "")
     return (f"\n\n<sub>{stamp(m)} · {ttft}{speed}prompt {m['prompt_tokens']} (cached {m['cached_tokens']}) · "
             f"{m['generated_tokens']} generated{stopped}</sub>")
@@ -139,10 +144,13 @@ class ChatService:
                 async for out in stream:
                     reply.save(out, "streaming")
                     yield display(shown) + [{"role": "assistant", "content": out.outputs[0].text}], False
-        except (ValueError, EngineDeadError, EngineOverloadedError):
-            if reply.last is None and not regenerate:  # refused at admission: the text stays in the box, unsent
-                self.store.delete_messages_from(user, session_id, stored)
-            raise
+        except (ValueError, EngineDeadError, EngineOverloadedError) as e:
+            if reply.last is None:
+                if not regenerate:  # refused at admission: the text stays in the box, unsent
+                    self.store.delete_messages_from(user, session_id, stored)
+                raise
+            reply.finish("interrupted")  # cut mid-reply (an engine went away): kept, marked, the chat goes on
+            raise ReplyCut(str(e)) from e
         except StoreError:
             raise ValueError("This chat was deleted while the reply was being written; the reply stopped.") from None
         except (asyncio.CancelledError, GeneratorExit):  # Stop, a closed tab, or the event closed

@@ -11,7 +11,7 @@ from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import TooManyRequestsError, UserLimiter
 from ui import transfer
-from ui.chat import TYPING, ChatService, display, feedback_values, plain_text
+from ui.chat import TYPING, ChatService, ReplyCut, display, feedback_values, plain_text
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError)  # shown as a warning
@@ -161,7 +161,8 @@ class ChatHandlers:
                     yield messages, ""
         except REFUSALS as e:
             gr.Warning(str(e))
-            yield display(self.store.messages(uid, sid)), raw  # the message goes back into the box, as typed
+            sent = isinstance(e, ReplyCut)  # else unsent: the message goes back into the box, as typed
+            yield display(self.store.messages(uid, sid)), "" if sent else raw
 
     async def regenerate(self, uid, sid, temp, p, max_new, penalty=CHAT_REPETITION_PENALTY,
                          request: gr.Request = None):

@@ -204,7 +204,8 @@ async def completions(body: CompletionRequest, request: Request):
         echo = (info.tokenizer.decode(prompts[0]), prompts[0]) if body.echo else None
         return sse(completion_events(await started(holding(generate(0), release)), rid, name, created,
                                      len(prompts[0]), include_usage, body.return_token_ids,
-                                     finish_logger(request, len(prompts[0]), body.prompt), scorer(), echo))
+                                     finish_logger(request, len(prompts[0]), body.prompt),
+                                     scorer if body.logprobs is not None else None, echo, body.n))
     try:
         finals = await asyncio.gather(*(collect(generate(i), request) for i in range(len(prompts))))
     finally:

@@ -71,15 +71,15 @@ def _events(stream, make_chunk: Callable, obj: str, rid: str, model: str, create
             include_usage: bool, with_ids: bool, on_finish: Callable, logprobs_of: Callable | None):
     """SSE payloads of one request: each choice's deltas and its finishing chunk (n > 1 interleaves
     them, told apart by index), then usage if asked for. make_chunk(index, text, token_ids or None,
-    finish_reason, logprobs or None) builds the endpoint's chunk shape; logprobs_of(token_ids,
-    entries) the logprobs of a chunk's tokens (None: not asked)."""
+    finish_reason, logprobs or None) builds the endpoint's chunk shape; logprobs_of(index,
+    token_ids, entries) the logprobs of a chunk's tokens (None: not asked)."""
     async def gen():
         choices = ChoiceCollector()
         async for out in stream:
             choices.add(out)
             choice, new = out.outputs[0], out.delta_token_ids
             if out.delta_text or (new and (with_ids or logprobs_of)):
-                scores = logprobs_of(new, choice.logprobs[-len(new):]) if logprobs_of and new else None
+                scores = logprobs_of(choice.index, new, choice.logprobs[-len(new):]) if logprobs_of and new else None
                 yield make_chunk(choice.index, out.delta_text, new if with_ids else None, None, scores)
             if choice.finish_reason == "error":
                 yield error_body(out.error or "the request failed inside the engine", "internal_error")
@@ -104,7 +104,7 @@ async def chat_events(stream, rid, model, created, prompt_len, include_usage, wi
             chunk["choices"][0]["token_ids"] = token_ids
         return chunk
 
-    logprobs_of = None if top_logprobs is None else (lambda ids, entries: chat_logprobs(ids, entries, top_logprobs))
+    logprobs_of = None if top_logprobs is None else (lambda _, ids, entries: chat_logprobs(ids, entries, top_logprobs))
     for index in range(n):
         yield chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, index=index)
     async for event in _events(stream, make_chunk, "chat.completion.chunk", rid, model, created, prompt_len,
@@ -113,20 +113,28 @@ async def chat_events(stream, rid, model, created, prompt_len, include_usage, wi
 
 
 async def completion_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish,
-                            logprobs: CompletionLogprobs | None = None, echo: tuple[str, list[int]] | None = None):
-    """echo: (prompt text, prompt ids), sent as the first chunk, scored when logprobs are asked for."""
+                            scorer: Callable[[], CompletionLogprobs] | None = None,
+                            echo: tuple[str, list[int]] | None = None, n: int = 1):
+    """scorer() makes one choice's logprobs formatter (its text offsets run on across its chunks);
+    echo: (prompt text, prompt ids), sent first for each of the n choices, scored when asked for."""
     def make_chunk(index, text, token_ids, reason, scores):
         return completion_chunk(rid, model, created, text, index, reason, token_ids, scores)
 
+    per_choice: dict[int, CompletionLogprobs] = {}
+
+    def logprobs(index, ids, entries):
+        return per_choice.setdefault(index, scorer())(ids, entries)
+
     first = await stream.__anext__()
     if echo is not None:
-        scores = logprobs(echo[1], first.prompt_logprobs) if logprobs and first.prompt_logprobs else None
-        yield make_chunk(0, echo[0], echo[1] if with_ids else None, None, scores)
+        for index in range(n):
+            scores = logprobs(index, echo[1], first.prompt_logprobs) if scorer and first.prompt_logprobs else None
+            yield make_chunk(index, echo[0], echo[1] if with_ids else None, None, scores)
 
     async def rest():
         yield first
         async for out in stream:
             yield out
     async for event in _events(rest(), make_chunk, "text_completion", rid, model, created, prompt_len,
-                               include_usage, with_ids, on_finish, logprobs):
+                               include_usage, with_ids, on_finish, logprobs if scorer else None):
         yield event

@@ -119,3 +119,18 @@ def test_n_choices_whole_and_streamed(client, live):
                                       temperature=1.0, seed=1)
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
     assert live.llm.run_on_engine_thread(lambda eng: eng.get_stats().kv_blocks_used) == 0
+
+
+def test_streamed_completions_keep_each_choices_echo_and_logprobs_apart(client):
+    stream = client.completions.create(model=model(client), prompt="Our tents", max_tokens=6, n=2, temperature=1.0,
+                                       seed=2, echo=True, logprobs=1, stream=True)
+    text, tokens, offsets = {0: "", 1: ""}, {0: [], 1: []}, {0: [], 1: []}
+    for chunk in stream:
+        for c in chunk.choices:
+            text[c.index] += c.text
+            if c.logprobs:
+                tokens[c.index] += c.logprobs.tokens
+                offsets[c.index] += c.logprobs.text_offset
+    for i in (0, 1):
+        assert text[i].startswith("Our tents") and "".join(tokens[i]) == text[i]
+        assert offsets[i][0] == 0 and offsets[i] == sorted(offsets[i])

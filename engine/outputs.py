@@ -96,14 +96,17 @@ class ChoiceCollector:
     def __init__(self) -> None:
         self.latest: dict[int, CompletionOutput] = {}
         self.last: RequestOutput | None = None
+        self.prompt_logprobs = None  # the leader's (n > 1: the sample that computed the prompt)
 
     def add(self, out: RequestOutput) -> None:
         self.last = out
+        self.prompt_logprobs = out.prompt_logprobs or self.prompt_logprobs
         for choice in out.outputs:
             self.latest[choice.index] = choice
 
     def whole(self) -> RequestOutput:
-        return dataclasses.replace(self.last, outputs=[self.latest[i] for i in sorted(self.latest)])
+        return dataclasses.replace(self.last, outputs=[self.latest[i] for i in sorted(self.latest)],
+                                   prompt_logprobs=self.prompt_logprobs)
 
 
 @dataclass

@@ -25,9 +25,11 @@ class Family:
 
 
 def child_params(params, index: int):
-    """The params of sequence `index`: one sample each, the seed derived from the request's."""
+    """The params of sequence `index`: one sample each, the seed derived from the request's; the
+    prompt's logprobs come with the leader (index 0), which alone computes the whole prompt."""
     seed = None if params.seed is None else params.seed + index
-    return dataclasses.replace(params, n=1, seed=seed, stop=list(params.stop_strings))
+    prompt_logprobs = params.prompt_logprobs if index == 0 else None
+    return dataclasses.replace(params, n=1, seed=seed, stop=list(params.stop_strings), prompt_logprobs=prompt_logprobs)
 
 
 def fork(leader: Request, family: Family, kv, runner, scheduler, max_num_seqs: int, prepare) -> list[Request]:

@@ -70,3 +70,12 @@ def test_aborting_the_request_ends_every_sample_and_frees_all(llm):
 def test_n_is_bounded(llm):
     with pytest.raises(ValueError, match="max_num_seqs"):
         llm.engine.add_request([1, 2, 3], SamplingParams(n=llm.engine.config.max_num_seqs + 1))
+
+
+def test_n_samples_share_one_prompt_scoring_and_each_has_its_own_logprobs(llm):
+    prompt = llm.render_chat(STORY)
+    out = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=5, logprobs=1,
+                                                prompt_logprobs=0))[0]
+    assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
+    for sample in out.outputs:
+        assert [t in entry for t, entry in zip(sample.token_ids, sample.logprobs)] == [True] * 5

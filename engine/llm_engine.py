@@ -184,9 +184,11 @@ class LLMEngine:
                     self.scheduler.finish(t.request, RequestStatus.FINISHED_ERROR)
                     outputs.append(self._finalize(t))
             return outputs
-        self._fork_families(sched)
+        if self._families:
+            self._fork_families(sched)
         changed = self.scheduler.update(sched, result)
-        self.logprobs.record(result, {s.request.request_id: s.request for s in sched.scheduled})
+        if result.logprobs or result.prompt_logprobs:
+            self.logprobs.record(result, {s.request.request_id: s.request for s in sched.scheduled})
         for request_id, why in result.failed.items():  # its own fault: the batch and the cache go on
             t = self._tracked.get(request_id)
             if t is not None:

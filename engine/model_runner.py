@@ -97,8 +97,8 @@ class ModelRunner:
         scores, row = {}, 0
         for s in items:
             req, start = s.request, s.request.num_computed_tokens
-            targets = req.all_token_ids[start + 1:min(start + s.num_tokens, req.num_prompt_tokens - 1) + 1]
-            if req.params.prompt_logprobs is not None and targets:
+            if req.params.prompt_logprobs is not None and start + 1 < req.num_prompt_tokens:
+                targets = req.all_token_ids[start + 1:min(start + s.num_tokens, req.num_prompt_tokens - 1) + 1]
                 logits = self.model.compute_logits(hidden[row:row + len(targets)])
                 k = req.params.prompt_logprobs
                 scores[req.request_id] = (start + 1, [trim(e, t, k) for e, t in

@@ -228,6 +228,20 @@ def test_panel_model_line_narrow_layout_and_dark_mode(page):
     expect(page.locator(".sidebar.open")).to_have_count(1)
 
 
+def test_the_operator_resets_the_prefix_cache_from_the_page(page, app_url):
+    from playwright.sync_api import expect
+
+    new_chat(page)
+    send_by_keyboard(page, "What are your opening hours?")
+    expect(bots(page).last).to_contain_text("generated")
+    cached = lambda: app_url.llm.run_on_engine_thread(lambda e: e.get_stats().kv_blocks_cached)  # noqa: E731
+    assert cached() > 0
+    page.locator("#cache-controls").click()
+    page.locator("#reset-cache").click()
+    expect(page.locator("#reset-status")).to_contain_text("Prefix cache reset")
+    assert cached() == 0
+
+
 def test_a_visitor_sees_the_panel_but_not_the_operator_controls(page, app_url):
     from playwright.sync_api import expect
 

@@ -106,7 +106,7 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
                         sim_n = gr.Number(16, precision=0, minimum=1, maximum=64, label="Chats")
                         sim_btn = gr.Button("Start simulated chats", elem_id="simulate")
                         sim_status = gr.Markdown(elem_id="sim-status")
-                    with gr.Accordion("Prefix cache", open=False):
+                    with gr.Accordion("Prefix cache", open=False, elem_id="cache-controls"):
                         reset_btn = gr.Button("Reset prefix cache", size="sm", variant="stop", elem_id="reset-cache")
                         reset_status = gr.Markdown(elem_id="reset-status")
                     with gr.Accordion("Rated replies", open=False, elem_id="review"):

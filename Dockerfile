@@ -44,5 +44,5 @@ HEALTHCHECK --interval=15s --timeout=5s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:7860/health', timeout=4).status != 200)"]
 
 # 0.0.0.0 inside the container only; outside, publish the port where you choose.
-ENTRYPOINT ["python", "app.py", "--host", "0.0.0.0", "--port", "7860", "--db", "/data/pagedchat.db"]
+ENTRYPOINT ["python", "app.py", "--host", "0.0.0.0", "--port", "7860", "--db", "/data/pagedchat.db", "--kv-disk", "/data/kv"]
 CMD []

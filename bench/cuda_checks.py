@@ -1,5 +1,6 @@
 """CUDA checks of the engine on a tiny random Llama (with SmolLM2's tokenizer): parity with
-transformers, logprobs, n > 1 forks, structured outputs, masks, prefix cache, bf16 and int4.
+transformers, logprobs, n > 1 forks, structured outputs, masks, prefix cache, the KV disk tier,
+bf16 and int4.
 Prints one JSON (and writes it to $OUT). Not a test: CI has no GPU. To run it on a lent GPU
 machine, prepare here (the image there has torch and transformers, not gguf or llguidance):
 
@@ -132,6 +133,29 @@ def _():
     a = llm.generate([PROMPT + [3] * 40], SamplingParams(temperature=0, max_tokens=4))[0]
     b = llm.generate([PROMPT + [3] * 40], SamplingParams(temperature=0, max_tokens=4))[0]
     return {"cached_second": b.num_cached_tokens, "same": a.outputs[0].token_ids == b.outputs[0].token_ids}
+
+
+@check("kv_disk_tier_on_cuda")
+def _():
+    """Blocks written from GPU memory, a restarted engine reads them back into it, same greedy output;
+    in bf16, where the bytes loaded must equal the bytes a pool hit would have used."""
+    import tempfile
+
+    folder, got = tempfile.mkdtemp(), {}
+    for dtype in ("float32", "bfloat16"):
+        params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        first = LLM(PATH, device="cuda", dtype=dtype, num_kv_blocks=256, max_model_len=1024, kv_disk=folder)
+        a = first.generate([PROMPT * 4], params)[0]
+        history = PROMPT * 4 + a.outputs[0].token_ids + [5, 6, 7]
+        pool_hit = first.generate([history], params)[0]
+        first.engine.close()
+        again = LLM(PATH, device="cuda", dtype=dtype, num_kv_blocks=256, max_model_len=1024, kv_disk=folder)
+        back = again.generate([history], params)[0]
+        again.engine.close()
+        got[dtype] = {"cached_after_restart": back.num_cached_tokens, "pool_hit_cached": pool_hit.num_cached_tokens,
+                      "same_as_pool_hit": back.outputs[0].token_ids == pool_hit.outputs[0].token_ids,
+                      "disk_hits": again.get_stats().kv_disk_hits}
+    return got
 
 
 @check("bf16_and_int4")

@@ -72,6 +72,9 @@ class AsyncLLM:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        for engine in (self._engine, self._draining):
+            if engine is not None:
+                engine.close()
 
     @property
     def info(self) -> ModelInfo | None:
@@ -244,6 +247,7 @@ class AsyncLLM:
             if self._draining is not None:  # after a switch: the old model finishes its replies
                 outputs += self._draining.step()
                 if not self._draining.has_unfinished_requests():
+                    self._draining.close()
                     self._draining = None
             busy = engine.has_unfinished_requests() or self._draining is not None
             for out in outputs:

@@ -11,6 +11,8 @@ Not thread-safe: only the engine thread touches it.
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
@@ -28,9 +30,15 @@ class KVBlock:
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
 
 
-def hash_block(parent_hash: int | None, token_ids: Sequence[int], extra_key: object = None) -> int:
-    """Chained hash: a block's identity covers every token before it."""
-    return hash((parent_hash, tuple(token_ids), extra_key))
+def hash_block(parent_hash: int | None, token_ids: Sequence[int], extra_key: str | None = None) -> int:
+    """Chained hash: a block's identity covers every token before it (and the tenant salt). A 128-bit
+    BLAKE2b, the same in every process, so the disk tier can name files by it across restarts."""
+    h = hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=16)
+    if parent_hash is not None:
+        h.update(parent_hash.to_bytes(16, "little"))
+    if extra_key is not None:
+        h.update(b"salt:" + str(extra_key).encode())
+    return int.from_bytes(h.digest(), "little")
 
 
 class BlockPool:
@@ -106,6 +114,11 @@ class BlockPool:
         block.block_hash = block_hash
         block.token_ids = tuple(token_ids)
         self.cached[block_hash] = block
+
+    def uncache(self, block: KVBlock) -> None:
+        """Drop a block's hash (its content is not what the hash says)."""
+        if block.block_hash is not None:
+            self._evict(block)
 
     def _evict(self, block: KVBlock) -> None:
         if block.ref_cnt == 0:

@@ -36,6 +36,9 @@ class EngineConfig:
     # vLLM's: "raw_logprobs" are the model's log-softmax; "processed_logprobs" those of the distribution
     # sampled from: after penalties, logit_bias, masks and temperature (before top-k / top-p / min-p)
     logprobs_mode: str = "raw_logprobs"
+    # The KV tier on disk (engine/kv_disk.py): a folder, or None for none; its size bound in bytes
+    kv_disk: str | None = None
+    kv_disk_bytes: int = 4 * 2**30
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ValueError:
@@ -47,7 +50,7 @@ class EngineConfig:
             raise bad("device", f"must be one of {DEVICES}")
         if self.block_size not in (16, 32):
             raise bad("block_size", "must be 16 or 32")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_waiting", "kv_disk_bytes"):
             if not _positive_int(getattr(self, name)):
                 raise bad(name, "must be a positive integer")
         for name in ("max_model_len", "kv_cache_memory_bytes", "num_threads"):
@@ -66,6 +69,10 @@ class EngineConfig:
             raise bad("seed", "must be an integer")
         if self.model is not None and not (isinstance(self.model, str) and self.model):
             raise bad("model", "must be a path, a hub id or None")
+        if self.kv_disk is not None and not (isinstance(self.kv_disk, str) and self.kv_disk):
+            raise bad("kv_disk", "must be a folder path or None")
+        if self.kv_disk is not None and not self.enable_prefix_caching:
+            raise bad("kv_disk", "needs prefix caching (the disk tier holds the prefix cache's blocks)")
 
     def resolved_threads(self) -> int:
         """Default: every core this process may run on (2 here). OMP_WAIT_POLICY=PASSIVE is set
@@ -124,12 +131,55 @@ def add_engine_args(parser) -> None:
     g.add_argument("--threads", dest="num_threads", type=int, default=None,
                    help="torch threads (default: one per available core)")
     g.add_argument("--max-waiting", type=int, default=1024)
+    g.add_argument("--kv-disk", default=None, metavar="PATH",
+                   help="keep KV blocks that fall out of use in this folder, so returning sessions (also after a "
+                        "restart) load their history instead of recomputing it ('auto': the cache folder's kv/)")
+    g.add_argument("--kv-disk-bytes", type=_size_flag, default=4 * 2**30, metavar="N",
+                   help="size bound of the disk tier, least recently used blocks go first (e.g. 4G, 512M; default 4G)")
     g.add_argument("--logprobs-mode", default="raw_logprobs", choices=LOGPROBS_MODES,
                    help="raw: the model's log-softmax (vLLM's default); processed: after penalties, bias, masks and "
                         "temperature, the distribution sampled from")
 
 
+def parse_bytes(text: str) -> int:
+    """'4G', '512M', '1.5GiB', '1000000' -> bytes (powers of 1024)."""
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        value = int(float(number) * units[unit])
+    except ValueError:
+        raise ValueError(f"not a size in bytes: {text!r} (try 4G or 512M)") from None
+    if value <= 0:
+        raise ValueError(f"a size must be positive, got {text!r}")
+    return value
+
+
+def _size_flag(text: str) -> int:
+    import argparse
+
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def kv_disk_folder(setting: str | None) -> str | None:
+    return os.path.join(cache_dir(), "kv") if setting == "auto" else setting
+
+
 def config_from_args(args) -> EngineConfig:
+    """The flags' EngineConfig; a --kv-disk folder is created (and checked writable) here, so a bad
+    one stops the command at once rather than failing the model load in the background."""
     from dataclasses import fields
 
-    return EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)})
+    config = EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)})
+    if config.kv_disk:
+        folder = kv_disk_folder(config.kv_disk)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"--kv-disk {folder}: cannot create it ({e.strerror})") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ValueError(f"--kv-disk {folder}: this process cannot write there")
+    return config

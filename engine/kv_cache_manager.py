@@ -1,7 +1,11 @@
-"""Per-request block tables on top of the block pool: prefix lookup, slot allocation, freeing."""
+"""Per-request block tables on top of the block pool: prefix lookup, slot allocation, freeing, and
+the way to and from the disk tier (engine/kv_disk.py) when one is attached."""
 from __future__ import annotations
 
+import torch
+
 from engine.block_pool import BlockPool, KVBlock, hash_block
+from engine.kv_disk import DiskStore
 from engine.request import Request
 
 
@@ -13,6 +17,13 @@ class KVCacheManager:
         self.req_blocks: dict[str, list[KVBlock]] = {}
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
+        self.disk: DiskStore | None = None
+        self.disk_queries = 0  # tokens looked up on disk (past the pool's hit)
+        self.disk_hits = 0  # tokens loaded back from disk
+
+    def attach_disk(self, store: DiskStore, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        """Full blocks are copied to `store` as they are computed; prefix lookups continue there."""
+        self.disk, self._k, self._v = store, k_cache, v_cache
 
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
@@ -88,10 +99,76 @@ class KVCacheManager:
         self.req_blocks[child.request_id] = [*shared, copy]
         return parent_blocks[last].block_id, copy.block_id
 
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, written_tokens: int | None = None) -> None:
+        """Release a request's blocks. With `written_tokens` (a request preempted in the step that
+        scheduled it), blocks registered past them lose their hash: their K/V was never written."""
         blocks = self.req_blocks.pop(req.request_id, None)
-        if blocks:
-            self.pool.free(reversed(blocks))
+        if not blocks:
+            return
+        for block in blocks[written_tokens // self.block_size:] if written_tokens is not None else ():
+            if block.block_hash is not None and block.ref_cnt == 1:
+                self.pool.uncache(block)
+        self.pool.free(reversed(blocks))
 
     def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: the pool's and the disk tier's."""
         self.pool.reset_prefix_cache()
+        if self.disk is not None:
+            self.disk.clear()
+
+    # ---- the disk tier --------------------------------------------------------------------
+    def save_computed(self, scheduled: list) -> None:
+        """Write-through, after the forward: each full block is copied out once, in the step that
+        filled it, and written by the disk tier's thread. So eviction costs nothing, and a killed
+        process loses only the writes still queued."""
+        bs = self.block_size
+        for s in scheduled:
+            req = s.request
+            blocks = self.req_blocks.get(req.request_id, ())
+            full = min((req.num_computed_tokens + s.num_tokens) // bs, len(blocks))
+            for block in blocks[req.num_saved_blocks:full]:
+                if block.block_hash is not None and not self.disk.contains(block.block_hash):
+                    kv = torch.stack((self._k[:, block.block_id], self._v[:, block.block_id])).cpu()
+                    self.disk.save(block.block_hash, block.token_ids, kv)
+            req.num_saved_blocks = max(req.num_saved_blocks, full)
+
+    def start_disk_load(self, req: Request) -> bool:
+        """Once per queueing: if the prefix continues on disk past the pool's hit, ask the reader
+        thread for those blocks and return True (the request waits aside until they are read)."""
+        if self.disk is None or req.disk_checked or not self.enable_caching or req.params.prompt_logprobs is not None:
+            return False
+        req.disk_checked = True
+        start = len(self.get_computed_blocks(req))
+        bs, end, limit = self.block_size, start, (req.num_tokens - 1) // self.block_size
+        while end < limit and self.disk.contains(req.block_hashes[end]):
+            end += 1
+        self.disk_queries += (limit - start) * bs
+        if end == start:
+            return False
+        tokens = req.all_token_ids
+        self.disk.load(req.request_id, [(req.block_hashes[i], tuple(tokens[i * bs:(i + 1) * bs]))
+                                        for i in range(start, end)])
+        return True
+
+    def adopt_loaded(self, req: Request) -> None:
+        """Put the blocks read for `req` into the pool as cached-free blocks (most recently used), so the
+        ordinary prefix lookup finds them. The pool's own hits are held meanwhile so none is evicted."""
+        loaded = self.disk.take_loaded(req.request_id) if self.disk is not None else None
+        if not loaded:
+            return
+        held = self.get_computed_blocks(req)
+        self.pool.touch(held)
+        try:
+            for item in loaded:
+                if self.pool.lookup(item.block_hash, item.token_ids) is not None:
+                    continue
+                if self.pool.num_free == 0:
+                    break
+                block = self.pool.get_new_blocks(1)[0]
+                self._k[:, block.block_id].copy_(item.kv[0])
+                self._v[:, block.block_id].copy_(item.kv[1])
+                self.pool.cache_block(block, item.block_hash, item.token_ids)
+                self.pool.free([block])
+                self.disk_hits += self.block_size
+        finally:
+            self.pool.free(reversed(held))

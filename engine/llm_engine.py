@@ -13,9 +13,10 @@ import torch
 from engine.checkpoint.load import build_model, quant_spec
 from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, sampling_defaults
 from engine.client import ContextLengthError, EngineOverloadedError, ModelInfo
-from engine.config import EngineConfig
+from engine.config import EngineConfig, kv_disk_folder
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
+from engine.kv_disk import open_disk_tier
 from engine.logprobs import LogprobsRecorder
 from engine.model_runner import ModelRunner
 from engine.quant.kernels import weight_bytes
@@ -26,7 +27,7 @@ from engine.parallel import Family, child_params, fork
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sizing import eos_token_ids, num_kv_blocks, resolve_max_model_len
+from engine.sizing import eos_token_ids, fit_to_pool, num_kv_blocks, resolve_max_model_len
 from engine.structured import GrammarCompiler, bad_word_sequences
 
 log = logging.getLogger("pagedchat.engine")
@@ -63,15 +64,14 @@ class LLMEngine:
         self.weight_bytes = weight_bytes(self.model)
         num_blocks = num_kv_blocks(config, ModelRunner.bytes_per_block(self.model, config.block_size, self.dtype),
                                    self.device)
-        capacity = num_blocks * config.block_size
-        if capacity < self.max_model_len:
-            if config.max_model_len is not None:
-                raise ValueError(f"max_model_len {config.max_model_len} does not fit the KV cache "
-                                 f"({num_blocks} blocks x {config.block_size} = {capacity} tokens)")
-            self.max_model_len = capacity
+        self.max_model_len = fit_to_pool(self.max_model_len, config.max_model_len, num_blocks, config.block_size)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, self.device, config.seed,
                                   config.logprobs_mode)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        if config.kv_disk:
+            store = open_disk_tier(kv_disk_folder(config.kv_disk), config.kv_disk_bytes, self.model, self.dtype,
+                                   self.quantization, config.block_size, self.runner.k_cache)
+            self.kv.attach_disk(store, self.runner.k_cache, self.runner.v_cache)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0
         self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
@@ -170,6 +170,8 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            if self.scheduler.loading:  # nothing to run until the disk tier has read a prefix
+                self.kv.disk.wait_for_load(timeout=0.05)
             return outputs
         t0 = time.perf_counter()
         try:
@@ -184,6 +186,8 @@ class LLMEngine:
                     self.scheduler.finish(t.request, RequestStatus.FINISHED_ERROR)
                     outputs.append(self._finalize(t))
             return outputs
+        if self.kv.disk is not None:
+            self.kv.save_computed(sched.scheduled)
         if self._families:
             self._fork_families(sched)
         changed = self.scheduler.update(sched, result)
@@ -205,7 +209,7 @@ class LLMEngine:
                 req.stop_reason = stop
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
             outputs.append(self._finalize(t) if req.is_finished else self._make_output(t))
-        self._record_step(sched, len(changed), time.perf_counter() - t0)
+        self.stats.record_step(sched, len(changed), time.perf_counter() - t0)
         return outputs
 
     def _fork_families(self, sched) -> None:
@@ -228,17 +232,6 @@ class LLMEngine:
             self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
         elif req.grammar.is_stopped():
             self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
-
-    def _record_step(self, sched, num_sampled: int, seconds: float) -> None:
-        s = self.stats
-        decode = sum(1 for x in sched.scheduled if x.num_tokens == 1
-                     and x.request.num_computed_tokens - 1 >= x.request.num_prompt_tokens)
-        s.num_steps += 1
-        s.last_batch_size = len(sched.scheduled)
-        s.last_decode_tokens = decode
-        s.last_prefill_tokens = sched.num_tokens - decode
-        s.last_step_seconds = seconds
-        s.generation_tokens_total += num_sampled
 
     def _make_output(self, t: _Tracked) -> RequestOutput:
         req, family = t.request, t.family
@@ -281,10 +274,17 @@ class LLMEngine:
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.kv.prefix_queries
         s.prefix_cache_hits = self.kv.prefix_hits
+        if self.kv.disk is not None:
+            s.record_disk(self.kv.disk.stats, self.kv.disk_queries, self.kv.disk_hits)
         return EngineStats(**s.__dict__)
 
     def reset_prefix_cache(self) -> None:
         self.kv.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Finish the disk tier's queued writes and stop its threads (the engine is unusable after)."""
+        if self.kv.disk is not None:
+            self.kv.disk.close()
 
     def model_info(self, model: str | None) -> ModelInfo:
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,

@@ -67,6 +67,16 @@ class EngineMetrics:
         self.rss = gauge("pagedchat:resident_memory_bytes", "Resident memory of the process")
         self.weight_bytes = gauge("pagedchat:weight_bytes", "Bytes of model weights")
         self.kv_cache_bytes = gauge("pagedchat:kv_cache_bytes", "Bytes of the KV block pool")
+        self.disk_queries = counter("vllm:external_prefix_cache_queries",
+                                    "Prompt tokens looked up in the KV disk tier (past the pool's hit)")
+        self.disk_hits = counter("vllm:external_prefix_cache_hits", "Prompt tokens loaded from the KV disk tier")
+        self.disk_blocks = gauge("pagedchat:kv_disk_blocks", "KV blocks stored in the disk tier")
+        self.disk_bytes = gauge("pagedchat:kv_disk_bytes", "Bytes of the disk tier's files")
+        self.disk_capacity = gauge("pagedchat:kv_disk_capacity_bytes", "Size bound of the disk tier (0: off)")
+        self.disk_read = counter("pagedchat:kv_disk_read_bytes", "Bytes read back from the disk tier")
+        self.disk_written = counter("pagedchat:kv_disk_written_bytes", "Bytes written to the disk tier")
+        self.disk_corrupt = counter("pagedchat:kv_disk_corrupt_files", "Disk-tier files that failed their checks")
+        self.disk_dropped = counter("pagedchat:kv_disk_dropped_writes", "Blocks not saved: the writer was behind")
         self.healthy = gauge("pagedchat:engine_healthy", "1 when the engine loop is serving")
         self.load_failures = counter("pagedchat:model_load_failures", "Model loads that failed")
         for reason in FINISH_REASONS:
@@ -98,7 +108,13 @@ class EngineMetrics:
                 (self.prefix_hits, stats.prefix_cache_hits, last.prefix_cache_hits),
                 (self.preemptions, stats.num_preemptions, last.num_preemptions),
                 (self.prompt_tokens, stats.prompt_tokens_total, last.prompt_tokens_total),
-                (self.generation_tokens, stats.generation_tokens_total, last.generation_tokens_total)):
+                (self.generation_tokens, stats.generation_tokens_total, last.generation_tokens_total),
+                (self.disk_queries, stats.kv_disk_queries, last.kv_disk_queries),
+                (self.disk_hits, stats.kv_disk_hits, last.kv_disk_hits),
+                (self.disk_read, stats.kv_disk_read_bytes, last.kv_disk_read_bytes),
+                (self.disk_written, stats.kv_disk_written_bytes, last.kv_disk_written_bytes),
+                (self.disk_corrupt, stats.kv_disk_corrupt_files, last.kv_disk_corrupt_files),
+                (self.disk_dropped, stats.kv_disk_dropped_writes, last.kv_disk_dropped_writes)):
             if now > before:
                 self._l(counter).inc(now - before)
         self._last = stats
@@ -108,6 +124,9 @@ class EngineMetrics:
         self._l(self.kv_blocks, "used").set(stats.kv_blocks_used)
         self._l(self.kv_blocks, "cached").set(stats.kv_blocks_cached)
         self._l(self.kv_blocks, "free").set(stats.kv_blocks_free)
+        self._l(self.disk_blocks).set(stats.kv_disk_blocks)
+        self._l(self.disk_bytes).set(stats.kv_disk_bytes)
+        self._l(self.disk_capacity).set(stats.kv_disk_capacity_bytes)
         if stepped:
             self._l(self.iteration_tokens).observe(stats.last_prefill_tokens + stats.last_decode_tokens)
             self._l(self.batch_size).observe(stats.last_batch_size)

@@ -128,6 +128,33 @@ class EngineStats:
     last_prefill_tokens: int = 0
     last_decode_tokens: int = 0
     last_step_seconds: float = 0.0
+    kv_disk_capacity_bytes: int = 0  # 0: no disk tier
+    kv_disk_blocks: int = 0
+    kv_disk_bytes: int = 0
+    kv_disk_queries: int = 0  # tokens looked up on disk past the pool's hit
+    kv_disk_hits: int = 0  # tokens loaded back from disk
+    kv_disk_read_bytes: int = 0
+    kv_disk_written_bytes: int = 0
+    kv_disk_corrupt_files: int = 0
+    kv_disk_dropped_writes: int = 0
+
+    def record_step(self, sched, num_sampled: int, seconds: float) -> None:
+        decode = sum(1 for x in sched.scheduled if x.num_tokens == 1
+                     and x.request.num_computed_tokens - 1 >= x.request.num_prompt_tokens)
+        self.num_steps += 1
+        self.last_batch_size = len(sched.scheduled)
+        self.last_decode_tokens = decode
+        self.last_prefill_tokens = sched.num_tokens - decode
+        self.last_step_seconds = seconds
+        self.generation_tokens_total += num_sampled
+
+    def record_disk(self, disk, queries: int, hits: int) -> None:
+        """Copy the disk tier's counters (a DiskStats)."""
+        self.kv_disk_capacity_bytes, self.kv_disk_blocks, self.kv_disk_bytes = (
+            disk.capacity_bytes, disk.blocks, disk.bytes)
+        self.kv_disk_queries, self.kv_disk_hits = queries, hits
+        self.kv_disk_read_bytes, self.kv_disk_written_bytes = disk.read_bytes, disk.written_bytes
+        self.kv_disk_corrupt_files, self.kv_disk_dropped_writes = disk.corrupt_files, disk.dropped_writes
 
     @property
     def kv_cache_usage(self) -> float:

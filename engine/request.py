@@ -47,6 +47,8 @@ class Request:
         self.num_cached_tokens = -1  # set at first scheduling: prefix-cache hit in tokens
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids
         self.num_preemptions = 0
+        self.num_saved_blocks = 0  # full blocks already handed to the disk tier
+        self.disk_checked = False  # looked for its prefix in the disk tier since it was last queued
         self.arrival_seq = next(_arrival_counter)  # tie-break for equal arrival times
         self.arrival_time = time.time()
         self.scheduled_time: float | None = None

@@ -22,11 +22,12 @@ class Scheduler:
         self.running: list[Request] = []
         self._waiting: list[tuple[tuple, Request]] = []  # heap by sort key; stale entries skipped
         self.waiting_ids: set[str] = set()
+        self.loading: dict[str, Request] = {}  # waiting aside while the disk tier reads their prefix
         self.num_preemptions = 0
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting_ids)
+        return len(self.waiting_ids) + len(self.loading)
 
     def _key(self, req: Request) -> tuple:
         return req.sort_key() if self.use_priority else req.sort_key()[1:]
@@ -46,6 +47,8 @@ class Scheduler:
     # ---- one step -----------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.loading:
+            self._requeue_loaded()
         budget = self.config.max_num_batched_tokens
         self.running.sort(key=self._key)  # the preemption victim is always the last one
         i = 0
@@ -74,6 +77,12 @@ class Scheduler:
             req = self._peek_waiting()
             if req is None:
                 return
+            if self.kv.start_disk_load(req):  # its blocks are read off the engine thread; others go on
+                heapq.heappop(self._waiting)
+                self.waiting_ids.discard(req.request_id)
+                self.loading[req.request_id] = req
+                continue
+            self.kv.adopt_loaded(req)
             hits = self.kv.get_computed_blocks(req)
             num_hit = len(hits) * self.kv.block_size
             n = min(req.num_tokens - num_hit, budget)
@@ -93,6 +102,13 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(req, n, self.kv.block_ids(req.request_id)))
             budget -= n
 
+    def _requeue_loaded(self) -> None:
+        """Requests whose disk blocks are in memory go back to the queue in their old place."""
+        for request_id in self.kv.disk.finished():
+            req = self.loading.pop(request_id, None)
+            if req is not None:
+                self.add_request(req)
+
     def _preempt(self, req: Request, out: SchedulerOutput) -> int:
         """Preempt by recompute: free the blocks (full ones stay cached), requeue. Returns the
         budget given back if the request had already been scheduled in this step."""
@@ -103,10 +119,11 @@ class Scheduler:
                 del out.scheduled[k]
                 break
         self.running.remove(req)
-        self.kv.free(req)
+        self.kv.free(req, written_tokens=req.num_computed_tokens)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        req.disk_checked = False
         self.num_preemptions += 1
         out.preempted.append(req)
         self.add_request(req)
@@ -153,8 +170,10 @@ class Scheduler:
             return
         if req.request_id in self.waiting_ids:
             self.waiting_ids.discard(req.request_id)
-        elif req in self.running:
+        elif self.loading.pop(req.request_id, None) is None and req in self.running:
             self.running.remove(req)
+        if req.disk_checked:
+            self.kv.disk.cancel(req.request_id)
         self.kv.free(req)
         req.status = status
         req.finished_time = time.time()

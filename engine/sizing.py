@@ -42,3 +42,15 @@ def eos_token_ids(hf_config, tokenizer) -> tuple[int, ...]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return tuple(sorted(ids))
+
+
+def fit_to_pool(max_model_len: int, asked: int | None, num_blocks: int, block_size: int) -> int:
+    """A sequence must fit the pool: an asked-for max_model_len that does not is an error, the
+    model's own limit is capped."""
+    capacity = num_blocks * block_size
+    if capacity >= max_model_len:
+        return max_model_len
+    if asked is not None:
+        raise ValueError(f"max_model_len {asked} does not fit the KV cache "
+                         f"({num_blocks} blocks x {block_size} = {capacity} tokens)")
+    return capacity

@@ -15,8 +15,10 @@ SCREENSHOT_DIR = os.environ.get("PAGEDCHAT_SCREENSHOTS", "test-artifacts")
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    db = str(tmp_path_factory.mktemp("browser") / "chat.db")
-    app, llm = build_app(parse_args(["--db", db, "--num-kv-blocks", "512", "--max-model-len", "2048"]))
+    folder = tmp_path_factory.mktemp("browser")
+    db = str(folder / "chat.db")
+    app, llm = build_app(parse_args(["--db", db, "--num-kv-blocks", "512", "--max-model-len", "2048",
+                                     "--kv-disk", str(folder / "kv")]))
     with LiveServer(llm, app) as server:
         server.db = db
         yield server
@@ -75,6 +77,7 @@ def test_chat_in_a_real_browser(app_url, page):
     assert page.evaluate("window.__changes") > 5  # it streamed
     assert page.evaluate("window.__pwned") is None  # HTML in a message is inert
     expect(page.locator("#gen-total")).not_to_have_text(str(generated_before))  # the panel moved
+    expect(page.locator("#kv-disk-blocks")).not_to_have_text("0")  # and the disk tier took the chat's blocks
     first_reply = bot.inner_text()
 
     page.locator("#new-chat").click()

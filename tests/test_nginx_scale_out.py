@@ -68,7 +68,8 @@ def cluster(tiny_chat_model, tmp_path_factory):
     folder = tmp_path_factory.mktemp("scale-out")
     ports = [free_port() for _ in range(3)]
     engines = {port: subprocess.Popen([sys.executable, "-m", "server", "--model", tiny_chat_model, "--dtype", "float32",
-                                       "--num-kv-blocks", "512", "--port", str(port), "--max-concurrent-per-user", "0"],
+                                       "--num-kv-blocks", "512", "--port", str(port), "--max-concurrent-per-user", "0",
+                                       "--kv-disk", str(folder / "kv")],  # one disk tier, shared
                                       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                for port in ports[:2]}
     conf = folder / "nginx.conf"
@@ -94,17 +95,18 @@ def cluster(tiny_chat_model, tmp_path_factory):
         nginx.wait(30)
 
 
-def served(port: int) -> float:
-    """Requests an engine has finished, from its own /metrics."""
+def metric(port: int, name: str) -> float:
+    """One series of an engine's own /metrics, summed over its labels."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def served(port: int) -> float:
+    return metric(port, "vllm:request_success_total")
 
 
 def running(port: int) -> float:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:num_requests_running"))
+    return metric(port, "vllm:num_requests_running")
 
 
 def test_chats_stick_to_one_engine_and_spread_over_both(cluster):
@@ -115,11 +117,15 @@ def test_chats_stick_to_one_engine_and_spread_over_both(cluster):
         carol.predict(f"Hello, this is chat {i}. Where is my parcel?", 0.0, 1.0, 16, api_name="/send")
         carol.predict("And when will it arrive?", 0.0, 1.0, 16, api_name="/send")
         sessions.append(cluster.store.sessions("login:carol")[0]["id"])
-    bs = 16
+    bs, firsts = 16, []
     for sid in sessions:
         user1, reply1, user2, reply2 = cluster.store.messages("login:carol", sid)
         history = len(user1["token_ids"]) + len(reply1["token_ids"])
         assert reply2["cached_tokens"] >= history - bs, (sid, reply2["cached_tokens"], history)
+        firsts.append(user1["token_ids"])
+    shared = len(os.path.commonprefix(firsts)) // bs * bs  # the system prompt, common to every chat
+    # Second turns hit the same engine's pool: the shared disk tier gave at most the system prompt, once
+    assert sum(metric(port, "vllm:external_prefix_cache_hits_total") for port in cluster.engines) <= shared
     counts = [served(port) for port in cluster.engines]
     assert all(c > 0 for c in counts) and sum(counts) >= 20, counts
 
@@ -141,4 +147,7 @@ def test_killing_an_engine_mid_reply_keeps_the_reply_and_the_chat_moves_on(clust
     assert messages[-1]["finish_reason"] == "interrupted" and messages[-1]["token_ids"]
     chat, box = carol.predict("Are you still there?", 0.0, 1.0, 16, api_name="/send")
     assert box == "" and "generated" in str(chat[-1]["content"])  # answered by the engine left
-    assert len(cluster.store.messages("login:carol", sid)) == 6
+    messages = cluster.store.messages("login:carol", sid)
+    assert len(messages) == 6
+    first_turn = len(messages[0]["token_ids"]) + len(messages[1]["token_ids"])
+    assert messages[-1]["cached_tokens"] >= first_turn - 16  # read from the shared disk tier, not recomputed

@@ -124,7 +124,20 @@ def page_map_html(snap: dict | None) -> str:
         f"<div id='engine-counts'>running <b id='num-running'>{s['num_running']}</b> · waiting "
         f"<b>{s['num_waiting']}</b> · preemptions {s['num_preemptions']} · prefix hits "
         f"{s['prefix_cache_hits']}/{s['prefix_cache_queries']} tokens · "
-        f"generated <b id='gen-total'>{s['generation_tokens_total']}</b> tokens</div></div>")
+        f"generated <b id='gen-total'>{s['generation_tokens_total']}</b> tokens</div>{disk_line(s)}</div>")
+
+
+def disk_line(s: dict) -> str:
+    """The KV tier on disk: what it holds and what it has saved us."""
+    if not s.get("kv_disk_capacity_bytes"):
+        return "<div id='kv-disk'>disk tier off</div>"
+    mib = 2**20
+    return (f"<div id='kv-disk'>disk tier: <b id='kv-disk-blocks'>{s['kv_disk_blocks']}</b> blocks "
+            f"({s['kv_disk_bytes'] / mib:.0f} of {s['kv_disk_capacity_bytes'] / mib:.0f} MiB) · loaded back "
+            f"<b id='kv-disk-hits'>{s['kv_disk_hits']}</b>/{s['kv_disk_queries']} tokens · read "
+            f"{s['kv_disk_read_bytes'] / mib:.1f} MiB · written {s['kv_disk_written_bytes'] / mib:.1f} MiB"
+            + (f" · {s['kv_disk_corrupt_files']} corrupt files dropped" if s["kv_disk_corrupt_files"] else "")
+            + "</div>")
 
 
 def model_line(client: EngineClient) -> str:

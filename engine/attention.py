@@ -35,6 +35,73 @@ class AttentionMetadata:
     decode_seq_lens: torch.Tensor | None = None  # [B] tokens each decode attends to
     decode_mask: torch.Tensor | None = None  # torch path only, made by the first layer that needs it
     prefills: list[PrefillSeq] = field(default_factory=list)
+    shared: SharedPrefix | None = None  # decodes whose tables start with the same blocks (C kernel path)
+
+
+@dataclass
+class SharedPrefix:
+    """Leading blocks that several decoding sequences share (a system prompt, mostly)."""
+    block_ids: torch.Tensor  # [k] the shared blocks, in order
+    rows: torch.Tensor  # decode rows that share them
+    starts: torch.Tensor  # [B] where each decode's own part begins: k * block_size for those rows, else 0
+    prefix_row: torch.Tensor  # [B] each decode's row in `rows`, -1 if it does not share
+    content: tuple  # (chain hash of the last shared block, block ids): names the K/V, reused across steps
+
+
+MIN_SHARING_ROWS = 24  # measured (bench/attention.py): below ~24 rows the matrix product costs more than it saves
+
+
+def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                       block_hashes: list[list[int]] | None = None) -> SharedPrefix | None:
+    """The longest run of leading blocks common to the decodes that share the most common first
+    block, stopping before each one's last token (which must stay its own); None if too few share.
+    block_hashes: each decode's chain hashes, which name the shared blocks' content; without them
+    (prefix caching off) the prefix's operands could not be reused across steps, and there is no gain."""
+    if not block_hashes or len(block_hashes) < MIN_SHARING_ROWS:
+        return None
+    first = table[:, 0]
+    rows = (first == first.mode().values).nonzero().squeeze(1)
+    if rows.numel() < MIN_SHARING_ROWS:
+        return None
+    sub = table[rows]
+    k = int((sub == sub[0]).all(0).cumprod(0).sum())
+    k = min(k, int(((seq_lens[rows] - 1) // block_size).min()))
+    if k == 0:
+        return None
+    starts = torch.zeros_like(seq_lens)
+    starts[rows] = k * block_size
+    prefix_row = torch.full_like(seq_lens, -1)
+    prefix_row[rows] = torch.arange(rows.numel())
+    hashes = block_hashes[int(rows[0])]
+    if len(hashes) < k:
+        return None
+    block_ids = sub[0, :k]
+    return SharedPrefix(block_ids, rows, starts, prefix_row, (hashes[k - 1], tuple(block_ids.tolist())))
+
+
+def prefix_operands(k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The shared K/V [k, block_size, Hkv, D] as fp32 matrix operands: keys [Hkv, D, P], values [Hkv, P, D]."""
+    Hkv, D = k_blocks.shape[2:]
+    keys = k_blocks.reshape(-1, Hkv, D).permute(1, 2, 0).float().contiguous()
+    values = v_blocks.reshape(-1, Hkv, D).transpose(0, 1).float().contiguous()
+    return keys, values
+
+
+def prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
+    """All sharing queries q [S, H, D] against the shared prefix (prefix_operands) at once, as one
+    batched matrix product per kv head (fp32). Returns the partial (out [S, H, D], lse [S, H])."""
+    S, H, D = q.shape
+    Hkv = keys.shape[0]
+    G = H // Hkv
+    queries = (q.float() * scale).view(S, Hkv, G, D).transpose(0, 1).reshape(Hkv, S * G, D)
+    scores = torch.bmm(queries, keys)
+    top = scores.amax(-1, keepdim=True)
+    weights = scores.sub_(top).exp_()
+    total = weights.sum(-1, keepdim=True)
+    out = torch.bmm(weights, values).div_(total)
+    lse = (top + total.log()).squeeze(-1)
+    return (out.view(Hkv, S, G, D).transpose(0, 1).contiguous().view(S, H, D),
+            lse.view(Hkv, S, G).transpose(0, 1).contiguous().view(S, H))
 
 
 _current: AttentionMetadata | None = None
@@ -57,6 +124,7 @@ class PagedAttention(nn.Module):
         self.scale = scale
         self.k_cache = torch.empty(0)  # [num_blocks, block_size, Hkv, D], bound by the runner
         self.v_cache = torch.empty(0)
+        self._prefix: tuple = (None, None, None)  # (content, keys, values) of the last shared prefix
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
@@ -77,6 +145,8 @@ class PagedAttention(nn.Module):
 
     def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         if cpu_kernels.supports(q):
+            if meta.shared is not None:
+                return self._cascade_decode(q, meta)
             return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
                                                       meta.decode_seq_lens, self.scale)
         B, nb = meta.decode_block_tables.shape
@@ -90,6 +160,19 @@ class PagedAttention(nn.Module):
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True)
         return o.squeeze(2)
+
+    def _cascade_decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The shared prefix is read once for all the rows that share it (one matrix product), each
+        row's own suffix by the kernel; the two partial softmaxes merge exactly (log-sum-exp)."""
+        shared = meta.shared
+        content, keys, values = self._prefix
+        if content != shared.content:  # full blocks never change: the operands serve until the prefix does
+            keys, values = prefix_operands(self.k_cache[shared.block_ids], self.v_cache[shared.block_ids])
+            self._prefix = (shared.content, keys, values)
+        prefix_out, prefix_lse = prefix_attention(q[shared.rows], keys, values, self.scale)
+        return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
+                                                  meta.decode_seq_lens, self.scale,
+                                                  prefix=(shared.starts, shared.prefix_row, prefix_out, prefix_lse))
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: PrefillSeq) -> torch.Tensor:
         qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]

@@ -48,7 +48,7 @@ def _build() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     fn = lib.paged_decode_attention
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -74,18 +74,27 @@ def supports(t: torch.Tensor) -> bool:
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, H, D] -> [B, H, D]; caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths."""
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           prefix: tuple | None = None) -> torch.Tensor:
+    """q [B, H, D] -> [B, H, D]; caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths.
+    prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
+    tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
+    out[rows[b]], lse[rows[b]] (engine/attention.py's cascade)."""
     B, H, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
     if H > 256:
         raise ValueError("paged_decode_attention supports at most 256 query heads")
     q = q.contiguous()
     out = torch.empty_like(q)
+    starts, rows, prefix_out, prefix_lse = prefix or (None, None, None, None)
     failed = _lib.paged_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
-        seq_lens.data_ptr(), B, H, Hkv, D, block_size, block_tables.shape[1], scale,
-        0 if q.dtype == torch.float32 else 1, torch.get_num_threads())
+        seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
+        block_tables.shape[1], scale, 0 if q.dtype == torch.float32 else 1, torch.get_num_threads())
     if failed:
         raise MemoryError("paged_decode_attention could not allocate its score buffer")
     return out
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import AttentionMetadata, PrefillSeq, use_metadata
+from engine.attention import AttentionMetadata, PrefillSeq, find_shared_prefix, use_metadata
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.sampler import Sampler
 
@@ -123,6 +123,7 @@ class ModelRunner:
         samplers: list[ScheduledRequest] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
+        decode_hashes: list[list[int]] = []  # names the content of shared blocks (attention caches it)
         prefills: list[PrefillSeq] = []
         for s in items:
             req, n, blocks = s.request, s.num_tokens, s.block_ids
@@ -136,6 +137,7 @@ class ModelRunner:
             if n == 1:
                 decode_tables.append(blocks[:-(-ctx_len // bs)])
                 decode_lens.append(ctx_len)
+                decode_hashes.append(req.block_hashes)
             else:
                 used = torch.tensor(blocks[:-(-ctx_len // bs)], dtype=torch.long, device=self.device)
                 prefills.append(PrefillSeq(row, n, ctx_len, used))
@@ -150,6 +152,8 @@ class ModelRunner:
             table = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev)
             lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
             meta.decode_block_tables, meta.decode_seq_lens = table, lens
+            if dev.type == "cpu":
+                meta.shared = find_shared_prefix(table, lens, bs, decode_hashes)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)
 

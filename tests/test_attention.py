@@ -48,3 +48,62 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, monkeypatc
         values = attn.v_cache.view(-1, Hkv, D)[slots]
         ref = reference(q[i], keys, values, D ** -0.5)
         assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("heads", [(8, 2), (6, 6)])  # GQA and plain multi-head
+def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, monkeypatch):
+    """Six decodes share three leading blocks (one of them only two: it branches off), two share
+    nothing; ragged lengths. The cascade (prefix once as a matrix product + kernel suffix, merged)
+    must equal plain attention over each sequence's whole K/V."""
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    from engine import attention
+    from engine.attention import find_shared_prefix
+
+    monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 4)
+    gen = torch.Generator().manual_seed(1)
+    (H, Hkv), D, num_blocks = heads, 32, 80
+    attn = PagedAttention(H, Hkv, D, D ** -0.5)
+    attn.k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
+    attn.v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
+    perm = iter(torch.randperm(num_blocks, generator=gen).tolist())
+    prefix = [next(perm) for _ in range(3)]
+    tables, lens = [], []
+    for own_blocks, tail in ((1, 1), (2, 7), (1, block_size), (4, 3), (1, 5), (2, 9)):  # sharing rows
+        tables.append(prefix + [next(perm) for _ in range(own_blocks)])
+        lens.append((len(tables[-1]) - 1) * block_size + tail)
+    tables.append(prefix[:2] + [next(perm) for _ in range(2)])  # shares two blocks only
+    lens.append(4 * block_size)
+    for n in (5, 2 * block_size + 1):  # no sharing
+        tables.append([next(perm) for _ in range(-(-n // block_size))])
+        lens.append(n)
+    width = max(map(len, tables))
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables])
+    seq_lens = torch.tensor(lens)
+    hashes = [list(range(len(t))) for t in tables]  # stand-ins: only the shared rows' first two are read
+    shared = find_shared_prefix(table, seq_lens, block_size, hashes)
+    assert shared is not None and shared.block_ids.tolist() == prefix[:2]  # the common run of the 7 sharing rows
+    meta = AttentionMetadata(torch.empty(0, dtype=torch.long), len(lens), table, seq_lens, shared=shared)
+    q = torch.randn(len(lens), H, D, generator=gen).to(dtype)
+    out = attn._decode(q, meta)
+    assert out.dtype == dtype and torch.equal(attn._decode(q, meta), out)  # reused operands: the same result
+    for i, n in enumerate(lens):
+        slots = torch.tensor([int(table[i, t // block_size]) * block_size + t % block_size for t in range(n)])
+        ref = reference(q[i], attn.k_cache.view(-1, Hkv, D)[slots], attn.v_cache.view(-1, Hkv, D)[slots], D ** -0.5)
+        assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item()), i
+
+
+def test_no_shared_prefix_when_too_few_share_or_a_sequence_is_inside_it(monkeypatch):
+    from engine import attention
+    from engine.attention import find_shared_prefix
+
+    monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 4)
+    table = torch.tensor([[3, 4, 5], [3, 4, 6], [3, 4, 7], [3, 9, 8]])
+    hashes = [[10, 11, 12]] * 4
+    assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, hashes).block_ids.tolist() == [3]
+    assert find_shared_prefix(table[:3], torch.tensor([40, 40, 40]), 16, hashes[:3]) is None  # fewer than 4 rows
+    assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, []) is None  # content unknown
+    # a sequence whose last token is in the first block keeps that block for itself
+    assert find_shared_prefix(table, torch.tensor([40, 40, 16, 40]), 16, hashes) is None

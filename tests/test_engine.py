@@ -112,3 +112,20 @@ def test_chat_returns_text_metrics_and_finish_reason(smol32):
     assert out.outputs[0].token_ids[-1] == smol32.get_tokenizer().eos_token_id
     m = out.metrics
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+
+
+def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeypatch):
+    """32 chats sharing the system prompt decode together: the cascade attends to the prefix once for
+    all of them; the tokens equal those of per-sequence attention."""
+    from engine import attention
+
+    batch = prompts * 2
+    monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 10**9)
+    per_sequence = tokens(smol32.generate(batch, GREEDY))
+    monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 24)
+    calls = []
+    cascade = attention.PagedAttention._cascade_decode
+    monkeypatch.setattr(attention.PagedAttention, "_cascade_decode", lambda self, q, meta: calls.append(1) or cascade(self, q, meta))
+    assert tokens(smol32.generate(batch, GREEDY)) == per_sequence
+    assert calls  # the cascade did run
+    smol32.engine.check_integrity()

@@ -7,6 +7,11 @@
  *   k/v cache     [num_blocks, block_size, Hkv, D]
  *   block_tables  [B, max_blocks] int64, seq_lens [B] int64
  * dtype: 0 = float32, 1 = bfloat16 (q, cache and out share it).
+ *
+ * Cascade (a shared prefix attended elsewhere, once for all): with `starts` [B] int64 (multiples of
+ * block_size), sequence b attends to tokens [starts[b], seq_lens[b]) only; where prefix_row[b] >= 0,
+ * its result is merged exactly with the prefix's partial: prefix_out[prefix_row[b]] ([H, D] fp32,
+ * normalised) and prefix_lse[prefix_row[b]] ([H], the log of its softmax denominator).
  */
 #include <math.h>
 #include <stdint.h>
@@ -40,9 +45,11 @@ static inline void load_span(const void *base, int64_t offset, int n, int dtype,
 }
 
 /* One task: sequence b, kv heads [h0, h1). K and V rows of those heads are read once, in order. */
-static int attend(const void *q, const void *k_cache, const void *v_cache, void *out,
-                  const int64_t *table, int64_t L, int b, int h0, int h1, int H, int Hkv, int D,
-                  int block_size, float scale, int dtype) {
+static int attend(const void *q, const void *k_cache, const void *v_cache, void *out, const float *prefix_out,
+                  const float *prefix_lse, const int64_t *table, int64_t start, int64_t end, int b, int h0,
+                  int h1, int H, int Hkv, int D, int block_size, float scale, int dtype) {
+    const int64_t L = end - start;
+    table += start / block_size;
     const int G = H / Hkv, nh = h1 - h0, R = nh * G; /* query rows handled here */
     const int W = nh * D;                               /* floats of one token's K (or V) row */
     float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W));
@@ -62,12 +69,13 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
             scores[(size_t)r * L + t] = s * scale;
         }
     }
-    float sums[256];
+    float sums[256], maxes[256];
     for (int r = 0; r < R; r++) { /* softmax of each row */
         float *sr = scores + (size_t)r * L, m = -INFINITY, sum = 0.f;
         for (int64_t t = 0; t < L; t++) m = sr[t] > m ? sr[t] : m;
         for (int64_t t = 0; t < L; t++) { sr[t] = expf(sr[t] - m); sum += sr[t]; }
         sums[r] = sum;
+        maxes[r] = m;
     }
     memset(acc, 0, sizeof(float) * R * D);
     for (int64_t t = 0, next = 0; t < L; t++) { /* pass 2: weighted values, reading V */
@@ -82,17 +90,27 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     }
     for (int r = 0; r < R; r++) {
         int64_t o = ((int64_t)b * H + h0 * G + r) * D;
-        float inv = 1.f / sums[r];
-        if (dtype == 0) for (int d = 0; d < D; d++) ((float *)out)[o + d] = acc[r * D + d] * inv;
-        else for (int d = 0; d < D; d++) ((uint16_t *)out)[o + d] = f32_to_bf16(acc[r * D + d] * inv);
+        float *ar = acc + r * D, inv = 1.f / sums[r];
+        if (prefix_out) { /* out = (own * sum_own + prefix * sum_prefix) / (sum_own + sum_prefix) */
+            const float lse_own = maxes[r] + logf(sums[r]), lse_pre = prefix_lse[h0 * G + r];
+            const float top = lse_own > lse_pre ? lse_own : lse_pre;
+            const float w_own = expf(lse_own - top), w_pre = expf(lse_pre - top), norm = 1.f / (w_own + w_pre);
+            const float *pr = prefix_out + (h0 * G + r) * D;
+            for (int d = 0; d < D; d++) ar[d] = (ar[d] * inv * w_own + pr[d] * w_pre) * norm;
+            inv = 1.f;
+        }
+        if (dtype == 0) for (int d = 0; d < D; d++) ((float *)out)[o + d] = ar[d] * inv;
+        else for (int d = 0; d < D; d++) ((uint16_t *)out)[o + d] = f32_to_bf16(ar[d] * inv);
     }
     free(scores);
     return 0;
 }
 
 int paged_decode_attention(const void *q, const void *k_cache, const void *v_cache, void *out,
-                           const int64_t *block_tables, const int64_t *seq_lens, int B, int H, int Hkv,
-                           int D, int block_size, int max_blocks, float scale, int dtype, int threads) {
+                           const int64_t *block_tables, const int64_t *seq_lens, const int64_t *starts,
+                           const int64_t *prefix_row, const float *prefix_out, const float *prefix_lse, int B,
+                           int H, int Hkv, int D, int block_size, int max_blocks, float scale, int dtype,
+                           int threads) {
     /* Enough sequences: one task each, all heads (contiguous reads). Few: split by kv head too. */
     const int split = B >= 2 * threads ? 1 : Hkv;
     const int per = Hkv / split;
@@ -100,8 +118,10 @@ int paged_decode_attention(const void *q, const void *k_cache, const void *v_cac
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(| : failed)
     for (int task = 0; task < B * split; task++) {
         int b = task / split, h0 = (task % split) * per;
-        failed |= attend(q, k_cache, v_cache, out, block_tables + (int64_t)b * max_blocks, seq_lens[b], b,
-                         h0, h0 + per, H, Hkv, D, block_size, scale, dtype);
+        const int64_t p = prefix_row ? prefix_row[b] : -1;
+        failed |= attend(q, k_cache, v_cache, out, p >= 0 ? prefix_out + p * H * D : NULL,
+                         p >= 0 ? prefix_lse + p * H : NULL, block_tables + (int64_t)b * max_blocks,
+                         starts ? starts[b] : 0, seq_lens[b], b, h0, h0 + per, H, Hkv, D, block_size, scale, dtype);
     }
     return failed;
 }

@@ -1,0 +1,88 @@
+"""Decode attention with and without the shared-prefix cascade, in one process.
+
+    python -m bench.attention                      # SmolLM2's shapes, 300-token shared prefix
+
+1. The attention alone: B decodes sharing a P-token prefix, each with its own S-token suffix
+   (9 query heads, 3 kv heads, head dim 64, bf16, block size 16): the C kernel over each whole
+   sequence, against the cascade (the prefix once as a matrix product, the kernel over the suffixes,
+   merged; the prefix's fp32 operands are reused across steps, as in the engine).
+2. A whole decode step at batch 64 on the default model (bench.throughput's sessions, so every
+   sequence shares the system prompt), cascade on and off.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+import torch
+
+from engine import LLM, attention
+from engine.attention import AttentionMetadata, PagedAttention, find_shared_prefix
+
+
+def timed(fn, repeat: int) -> float:
+    """ms per call: the best of five rounds of `repeat` calls (this box's noise is large)."""
+    fn()
+    rounds = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(repeat):
+            fn()
+        rounds.append((time.perf_counter() - t0) / repeat * 1000)
+    return min(rounds)
+
+
+def attention_alone(batch: int, prefix: int, suffix: int, repeat: int) -> tuple[float, float]:
+    H, Hkv, D, bs = 9, 3, 64, 16
+    shared_blocks, own_blocks = prefix // bs, -(-suffix // bs)
+    num_blocks = shared_blocks + batch * own_blocks + 1
+    attn = PagedAttention(H, Hkv, D, D ** -0.5)
+    attn.k_cache = torch.randn(num_blocks, bs, Hkv, D).bfloat16()
+    attn.v_cache = torch.randn(num_blocks, bs, Hkv, D).bfloat16()
+    tables = [list(range(shared_blocks)) + [shared_blocks + b * own_blocks + i for i in range(own_blocks)]
+              for b in range(batch)]
+    table, lens = torch.tensor(tables), torch.full((batch,), shared_blocks * bs + suffix)
+    q = torch.randn(batch, H, D).bfloat16()
+    plain = AttentionMetadata(torch.empty(0, dtype=torch.long), batch, table, lens)
+    hashes = [list(range(shared_blocks + own_blocks))] * batch  # a known prefix: its K/V operands are reused
+    threshold, attention.MIN_SHARING_ROWS = attention.MIN_SHARING_ROWS, 1  # forced, to show where it pays
+    cascade = AttentionMetadata(torch.empty(0, dtype=torch.long), batch, table, lens,
+                                shared=find_shared_prefix(table, lens, bs, hashes))
+    attention.MIN_SHARING_ROWS = threshold
+    return timed(lambda: attn._decode(q, plain), repeat), timed(lambda: attn._decode(q, cascade), repeat)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prefix", type=int, default=304)
+    p.add_argument("--suffix", type=int, default=150)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--no-step", action="store_true", help="skip the whole-step measurement")
+    args = p.parse_args()
+    print(f"{torch.get_num_threads()} threads; attention alone, one layer, prefix {args.prefix} + own {args.suffix} "
+          f"tokens per sequence")
+    print(f"(the engine uses the cascade from {attention.MIN_SHARING_ROWS} sharing decodes on)")
+    print("| decodes | per-sequence kernel | cascade | ratio |")
+    print("|---|---|---|---|")
+    for batch in (8, 16, 32, 48, 64):
+        plain, cascade = attention_alone(batch, args.prefix, args.suffix, args.repeat)
+        print(f"| {batch} | {plain:.2f} ms | {cascade:.2f} ms | {plain / cascade:.2f}x |")
+    if args.no_step:
+        return
+    from bench.throughput import profile_step
+
+    llm = LLM(max_num_seqs=64)
+    rows = {}
+    for name, minimum in (("per-sequence", 10**9), ("cascade", attention.MIN_SHARING_ROWS)) * 2:
+        attention.MIN_SHARING_ROWS = minimum
+        rows.setdefault(name, []).append(profile_step(llm, 64, 0)["step_ms"])
+    print("\n| decode step, batch 64, default model | ms (two alternating runs, best) |")
+    print("|---|---|")
+    for name, values in rows.items():
+        print(f"| {name} | {min(values):.0f} |")
+    print(f"cascade / per-sequence: {min(rows['cascade']) / min(rows['per-sequence']):.2f}x step time")
+
+
+if __name__ == "__main__":
+    main()

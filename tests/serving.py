@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -56,3 +58,28 @@ def logins_file(folder, **passwords: str) -> str:
     with open(path, "w") as f:
         f.writelines(f"{name}:{hash_password(password)}\n" for name, password in passwords.items())
     return path
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start_process(argv: list[str]) -> tuple[subprocess.Popen, str]:
+    """`python ARGV --port P` from the repository root (app.py or -m server) on a free port, once its
+    /health says 200. The caller kills it."""
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, *argv, "--port", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, f"{argv[0]} exited"
+        try:
+            return httpx.get(f"{url}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+    wait_for(healthy, 300, f"{argv[0]} to serve")
+    return proc, url

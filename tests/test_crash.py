@@ -3,36 +3,17 @@ and the chat goes on from it. The app runs as a real process, killed for real.""
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
-import sys
 
-import httpx
 from gradio_client import Client
 
-from tests.serving import logins_file, wait_for
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.serving import logins_file, start_process, wait_for
 
 
 def start_app(model: str, db: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "app.py", "--model", model, "--dtype", "float32", "--num-kv-blocks", "512",
-                             "--db", db, "--port", str(port), "--auth-file", logins_file(os.path.dirname(db), alice="pw-a")], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert proc.poll() is None, "the app exited"
-        try:
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-    wait_for(healthy, 300, "the app to serve")
-    return proc, url
+    return start_process(["app.py", "--model", model, "--dtype", "float32", "--num-kv-blocks", "512", "--db", db,
+                          "--auth-file", logins_file(os.path.dirname(db), alice="pw-a")])
 
 
 def rows(db: str, sql: str) -> list[tuple]:

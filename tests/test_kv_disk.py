@@ -188,15 +188,23 @@ def block_of(tokens: list[int], i: int) -> int:
     return h
 
 
-def test_a_request_waiting_for_disk_does_not_hold_up_others(tmp_path, tiny_model):
+@pytest.fixture
+def slow_disk(tmp_path, tiny_model):
+    """(a restarted engine whose disk reads wait for `gate`, a stored conversation, gate)."""
     path, _ = tiny_model("llama")
     first = LLM(path, kv_disk=str(tmp_path), num_kv_blocks=64, dtype="float32")
     history = conversation(first, 2)
     first.engine.close()
     engine = LLM(path, kv_disk=str(tmp_path), num_kv_blocks=64, dtype="float32").engine
-    store, gate = engine.kv.disk, threading.Event()
-    read_block = store._read_block
-    store._read_block = lambda *a: gate.wait(30) and read_block(*a)  # the disk is slow today
+    gate, read_block = threading.Event(), engine.kv.disk._read_block
+    engine.kv.disk._read_block = lambda *a: gate.wait(30) and read_block(*a)  # the disk is slow today
+    yield engine, history, gate
+    gate.set()
+    engine.close()
+
+
+def test_a_request_waiting_for_disk_does_not_hold_up_others(slow_disk):
+    engine, history, gate = slow_disk
     returning = engine.add_request(history, GREEDY)
     other = engine.add_request(list(range(50, 90)), SamplingParams(temperature=0, max_tokens=4))
     finished = {}
@@ -209,18 +217,11 @@ def test_a_request_waiting_for_disk_does_not_hold_up_others(tmp_path, tiny_model
         finished.update({o.request_id: o for o in engine.step() if o.finished})
     assert finished[returning].num_cached_tokens > 0
     engine.check_integrity()
-    engine.close()
 
 
-def test_aborting_a_request_while_its_blocks_load_leaks_nothing(tmp_path, tiny_model):
-    path, _ = tiny_model("llama")
-    first = LLM(path, kv_disk=str(tmp_path), num_kv_blocks=64, dtype="float32")
-    history = conversation(first, 2)
-    first.engine.close()
-    engine = LLM(path, kv_disk=str(tmp_path), num_kv_blocks=64, dtype="float32").engine
-    store, gate = engine.kv.disk, threading.Event()
-    read_block = store._read_block
-    store._read_block = lambda *a: gate.wait(30) and read_block(*a)
+def test_aborting_a_request_while_its_blocks_load_leaks_nothing(slow_disk):
+    engine, history, gate = slow_disk
+    store = engine.kv.disk
     rid = engine.add_request(history, GREEDY)
     engine.step()
     assert rid in engine.scheduler.loading
@@ -231,7 +232,6 @@ def test_aborting_a_request_while_its_blocks_load_leaks_nothing(tmp_path, tiny_m
         store.wait_for_load(timeout=0.1)
     assert not store._loaded and not store._cancelled and not engine.has_unfinished_requests()
     engine.check_integrity()
-    engine.close()
 
 
 # ---- settings and surfaces ----------------------------------------------------------------

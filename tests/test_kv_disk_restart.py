@@ -1,36 +1,16 @@
 """`python -m server --kv-disk`, killed with SIGKILL and started again: the returning conversation's
 history comes back from disk (usage says how much), and the reply equals a recompute's."""
-import os
 import signal
-import socket
 import subprocess
-import sys
 
 import httpx
 from openai import OpenAI
 
-from tests.serving import wait_for
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.serving import start_process, wait_for
 
 
 def start_server(model: str, *flags: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "server", "--model", model, "--dtype", "float32", "--num-kv-blocks",
-                             "256", "--port", str(port), *flags], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert proc.poll() is None, "the server exited"
-        try:
-            return httpx.get(f"{url}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-    wait_for(healthy, 300, "the server to serve")
-    return proc, url
+    return start_process(["-m", "server", "--model", model, "--dtype", "float32", "--num-kv-blocks", "256", *flags])
 
 
 def metric(url: str, name: str) -> float:

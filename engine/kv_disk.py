@@ -80,6 +80,7 @@ class DiskStore:
         self._cancelled: set[str] = set()
         self._load_done = threading.Condition(self._lock)
         self._closed = False
+        self._generation = 0  # bumped by clear(): older queued saves are not written
         os.makedirs(self.folder, exist_ok=True)
         self._scan()
         self._writes: queue.Queue = queue.Queue()
@@ -147,8 +148,10 @@ class DiskStore:
             self._forget(next(iter(self._index)), delete=True)
 
     def clear(self) -> None:
-        """Forget and delete every block of this model (the operator's cache reset)."""
+        """Forget and delete every block of this model (the operator's cache reset); saves still
+        queued are dropped too."""
         with self._lock:
+            self._generation += 1
             for block_hash in list(self._index):
                 self._forget(block_hash, delete=True)
 
@@ -163,7 +166,8 @@ class DiskStore:
                 return
             self._pending.add(block_hash)
             self._pending_bytes += self.payload_bytes
-        self._writes.put((block_hash, token_ids, kv))
+            generation = self._generation
+        self._writes.put((block_hash, token_ids, kv, generation))
 
     def load(self, request_id: str, wanted: list[tuple[int, tuple[int, ...]]]) -> None:
         """Read these consecutive blocks (hash, token ids) in the background, stopping at the first
@@ -221,10 +225,12 @@ class DiskStore:
             except Exception:  # noqa: BLE001 - a disk fault costs a cache entry, never the engine
                 log.exception("KV disk tier: %s failed", handle.__name__)
 
-    def _write(self, block_hash: int, token_ids: tuple[int, ...], kv: torch.Tensor) -> None:
+    def _write(self, block_hash: int, token_ids: tuple[int, ...], kv: torch.Tensor, generation: int) -> None:
         path, size = self._path(block_hash), 0
-        tmp = f"{path}.{os.getpid()}.tmp"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"  # unique per writer, even in one process
         try:
+            if generation != self._generation:
+                return
             parts = encode_block(self.identity, block_hash, token_ids, kv)
             with open(tmp, "wb") as f:
                 for part in parts:
@@ -238,6 +244,9 @@ class DiskStore:
             with self._lock:
                 self._pending.discard(block_hash)
                 self._pending_bytes -= self.payload_bytes
+                if size and generation != self._generation:  # cleared while it was being written
+                    unlink(path)
+                    size = 0
                 if size:
                     self._add(block_hash, size)
                     self.stats.written_bytes += size

@@ -73,6 +73,18 @@ def test_a_damaged_file_is_a_miss_and_is_deleted(tmp_path, damage):
     store.close()
 
 
+def test_clear_forgets_written_and_queued_blocks(tmp_path):
+    store = make_store(tmp_path)
+    store.save(1, tuple(range(16)), random_block(1))
+    store.flush()
+    store.save(2, tuple(range(16)), random_block(2))  # maybe still queued when the reset comes
+    store.clear()
+    store.flush()
+    assert store.stats.blocks == 0 and not store.contains(1) and not store.contains(2)
+    assert not [f for f in os.listdir(store.folder) if f.endswith(".kv")]
+    store.close()
+
+
 def test_size_bound_evicts_least_recently_used(tmp_path):
     probe = make_store(tmp_path / "probe")
     probe.save(1, tuple(range(16)), random_block(1))

@@ -17,7 +17,7 @@ from engine.config import cache_dir
 
 log = logging.getLogger("pagedchat.kernels")
 
-_SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "paged_attention.c")
+_SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("paged_attention.c", "rms_norm.c")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
@@ -28,16 +28,18 @@ _lock = threading.Lock()
 def _build() -> ctypes.CDLL | None:
     if os.environ.get("PAGEDCHAT_NO_KERNELS"):
         return None
-    with open(_SOURCE, "rb") as f:
-        src = f.read()
+    src = b""
+    for source in _SOURCES:
+        with open(source, "rb") as f:
+            src += f.read()
     cc = os.environ.get("CC", "cc")
     key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
     cache = os.path.join(cache_dir(), "kernels")
-    path = os.path.join(cache, f"paged_attention-{key}.so")
+    path = os.path.join(cache, f"kernels-{key}.so")
     if not os.path.exists(path):
         os.makedirs(cache, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        cmd = [cc, *_FLAGS, _SOURCE, "-o", tmp, "-lm"]
+        cmd = [cc, *_FLAGS, *_SOURCES, "-o", tmp, "-lm"]
         try:
             subprocess.run(cmd, check=True, capture_output=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as e:
@@ -49,6 +51,9 @@ def _build() -> ctypes.CDLL | None:
     fn = lib.paged_decode_attention
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.rms_norm.restype = None
+    lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
+                                                     ctypes.c_int]
     return lib
 
 
@@ -98,3 +103,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of a contiguous CPU tensor (fp32 or bf16, weight of the same dtype)."""
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    _lib.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps,
+                  0 if x.dtype == torch.float32 else 1, torch.get_num_threads())
+    return out

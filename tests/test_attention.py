@@ -107,3 +107,24 @@ def test_no_shared_prefix_when_too_few_share_or_a_sequence_is_inside_it(monkeypa
     assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, []) is None  # content unknown
     # a sequence whose last token is in the first block keeps that block for itself
     assert find_shared_prefix(table, torch.tensor([40, 40, 16, 40]), 16, hashes) is None
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("shape", [(1, 576), (64, 576), (7, 9, 64)])
+def test_rms_norm_kernel_matches_transformers_arithmetic(dtype, tol, shape, monkeypatch):
+    """The C RMSNorm (engine/csrc/rms_norm.c) against the torch ops it replaces: fp32 within
+    rounding of a different summation order, bf16 within one bf16 step (~0.4% relative)."""
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    from engine.layers import RMSNorm
+
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(*shape, generator=gen) * 3).to(dtype)
+    norm = RMSNorm(shape[-1], 1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(shape[-1], generator=gen))
+        fast = norm(x)
+        monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
+        ref = norm(x)
+    assert fast.dtype == dtype and fast.shape == x.shape
+    assert ((fast.double() - ref.double()).abs() <= tol * ref.double().abs().clamp(min=1.0)).all()

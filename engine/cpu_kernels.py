@@ -17,7 +17,9 @@ from engine.config import cache_dir
 
 log = logging.getLogger("pagedchat.kernels")
 
-_SOURCES = [os.path.join(os.path.dirname(__file__), "csrc", name) for name in ("paged_attention.c", "rms_norm.c")]
+_CSRC = os.path.join(os.path.dirname(__file__), "csrc")
+_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c")]
+_HEADERS = [os.path.join(_CSRC, "bf16.h")]  # part of the build's cache key, not compiled alone
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
@@ -29,7 +31,7 @@ def _build() -> ctypes.CDLL | None:
     if os.environ.get("PAGEDCHAT_NO_KERNELS"):
         return None
     src = b""
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:
         with open(source, "rb") as f:
             src += f.read()
     cc = os.environ.get("CC", "cc")

@@ -18,13 +18,12 @@ import logging
 import os
 import queue
 import threading
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
-from engine.kv_disk_format import decode_block, encode_block, model_identity, unlink
+from engine.kv_disk_format import decode_block, encode_block, file_age, model_identity, unlink
 
 log = logging.getLogger("pagedchat.kv_disk")
 
@@ -100,7 +99,7 @@ class DiskStore:
         found = []
         for entry in os.scandir(self.folder):
             if entry.name.endswith(".tmp"):  # torn by a crash (another live process's are recent)
-                if _age(entry) > 600:
+                if file_age(entry) > 600:
                     unlink(entry.path)
             elif entry.name.endswith(".kv"):
                 try:
@@ -294,10 +293,3 @@ class DiskStore:
         except OSError:
             pass
         return kv
-
-
-def _age(entry: os.DirEntry) -> float:
-    try:
-        return time.time() - entry.stat().st_mtime
-    except OSError:
-        return 0.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
+import time
 import zlib
 from array import array
 
@@ -62,3 +63,11 @@ def unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def file_age(entry: os.DirEntry) -> float:
+    """Seconds since a directory entry was last written (0 if it is gone)."""
+    try:
+        return time.time() - entry.stat().st_mtime
+    except OSError:
+        return 0.0

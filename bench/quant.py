@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from bench.throughput import run_pagedchat
 from engine import LLM
+from engine.dense import DenseWeight
 from engine.quant.gptq import quantize_checkpoint
 from engine.quant.kernels import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
@@ -25,15 +26,16 @@ PASSAGE = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "eval_p
 
 
 def kernel_sweep(rows=(1, 2, 4, 8, 16, 32)) -> list[tuple[int, float, float, float]]:
-    """Median µs of a 576->1536 matmul: dense bf16, packed int4 (g32), packed int8, by row count."""
+    """Median µs of a 576->1536 matmul: dense bf16 (packed as the engine does), packed int4 (g32),
+    packed int8, by row count."""
     w = torch.randn(1536, 576)
-    dense = w.bfloat16()
+    dense = DenseWeight(w.bfloat16())
     int4 = Int4Weight(*quantize_int4(w, 32), 32, torch.bfloat16, keep_dense=False)
     int8 = Int8Weight(*quantize_int8(w), torch.bfloat16, keep_dense=False)
     out = []
     for m in rows:
         x = torch.randn(m, 576).bfloat16()
-        times = [_median_us(lambda: F.linear(x, dense)), _median_us(lambda: int4.matmul(x)),
+        times = [_median_us(lambda: dense(x)), _median_us(lambda: int4.matmul(x)),
                  _median_us(lambda: int8.matmul(x))]
         out.append((m, *times))
     return out

@@ -48,7 +48,7 @@ class SharedPrefix:
     content: tuple  # (chain hash of the last shared block, block ids): names the K/V, reused across steps
 
 
-MIN_SHARING_ROWS = 24  # measured (bench/attention.py): below ~24 rows the matrix product costs more than it saves
+MIN_SHARING_ROWS = 32  # measured (bench/attention.py): below ~32 rows the matrix product costs more than it saves
 
 
 def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
@@ -80,28 +80,25 @@ def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: 
 
 
 def prefix_operands(k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shared K/V [k, block_size, Hkv, D] as fp32 matrix operands: keys [Hkv, D, P], values [Hkv, P, D]."""
+    """The shared K/V [k, block_size, Hkv, D] as attention operands [1, Hkv, P, D] (the cache's dtype)."""
     Hkv, D = k_blocks.shape[2:]
-    keys = k_blocks.reshape(-1, Hkv, D).permute(1, 2, 0).float().contiguous()
-    values = v_blocks.reshape(-1, Hkv, D).transpose(0, 1).float().contiguous()
+    keys = k_blocks.reshape(-1, Hkv, D).transpose(0, 1).unsqueeze(0).contiguous()
+    values = v_blocks.reshape(-1, Hkv, D).transpose(0, 1).unsqueeze(0).contiguous()
     return keys, values
 
 
 def prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
-    """All sharing queries q [S, H, D] against the shared prefix (prefix_operands) at once, as one
-    batched matrix product per kv head (fp32). Returns the partial (out [S, H, D], lse [S, H])."""
+    """All sharing queries q [S, H, D] against the shared prefix (prefix_operands) at once: per kv
+    head, its S * G queries are one attention over the prefix, run by torch's CPU flash attention
+    (bf16 matrix products on AMX, fp32 softmax), which also returns the log-sum-exp.
+    Returns the partial (out [S, H, D] fp32, lse [S, H] fp32)."""
     S, H, D = q.shape
-    Hkv = keys.shape[0]
+    Hkv = keys.shape[1]
     G = H // Hkv
-    queries = (q.float() * scale).view(S, Hkv, G, D).transpose(0, 1).reshape(Hkv, S * G, D)
-    scores = torch.bmm(queries, keys)
-    top = scores.amax(-1, keepdim=True)
-    weights = scores.sub_(top).exp_()
-    total = weights.sum(-1, keepdim=True)
-    out = torch.bmm(weights, values).div_(total)
-    lse = (top + total.log()).squeeze(-1)
-    return (out.view(Hkv, S, G, D).transpose(0, 1).contiguous().view(S, H, D),
-            lse.view(Hkv, S, G).transpose(0, 1).contiguous().view(S, H))
+    queries = q.reshape(S, Hkv, G, D).transpose(0, 1).reshape(1, Hkv, S * G, D)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, scale=scale)[:2]
+    return (out.reshape(Hkv, S, G, D).transpose(0, 1).reshape(S, H, D).float(),
+            lse.reshape(Hkv, S, G).transpose(0, 1).reshape(S, H))
 
 
 _current: AttentionMetadata | None = None

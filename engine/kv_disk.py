@@ -23,19 +23,18 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kv_disk_format import decode_block, encode_block, file_age, model_identity, unlink
+from engine.kv_disk_format import decode_block, encode_block, file_age, unlink
 
 log = logging.getLogger("pagedchat.kv_disk")
 
 MAX_PENDING_BYTES = 256 * 2**20  # copies waiting for the writer; past it a save is dropped (and counted)
 
 
-def open_disk_tier(folder: str, capacity_bytes: int, model: torch.nn.Module, dtype: torch.dtype,
-                   quantization: str, block_size: int, k_cache: torch.Tensor) -> DiskStore:
-    """The store for this model under `folder` (k_cache: [layers, blocks, block_size, heads, dim])."""
-    identity = model_identity(model, dtype, quantization, block_size)
+def open_disk_tier(folder: str, capacity_bytes: int, identity: bytes, k_cache: torch.Tensor) -> DiskStore:
+    """The store under `folder` for the model `identity` names (kv_disk_format.model_identity);
+    k_cache: [layers, blocks, block_size, heads, dim]."""
     layers, _, size, heads, dim = k_cache.shape
-    store = DiskStore(folder, identity, capacity_bytes, (layers, size, heads, dim), dtype)
+    store = DiskStore(folder, identity, capacity_bytes, (layers, size, heads, dim), k_cache.dtype)
     log.info("KV disk tier at %s: %d blocks (%.0f MiB) already there, bound %.0f MiB", store.folder,
              store.stats.blocks, store.stats.bytes / 2**20, capacity_bytes / 2**20)
     return store

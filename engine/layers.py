@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_kernels
+from engine.dense import DenseWeight
 
 
 class RMSNorm(nn.Module):
@@ -47,6 +48,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
         self.quant = None  # a QuantizedWeight (engine/quant) once the model is quantized
+        self.dense: DenseWeight | None = None  # else the weight packed for the CPU (engine/dense.py)
         self.shard_offsets: dict[str | int, tuple[int, int]] = {}
         offset = 0
         for shard_id, size in (shard_sizes or {}).items():
@@ -66,6 +68,8 @@ class Linear(nn.Module):
         if self.quant is not None:
             y = self.quant.matmul(x)
             return y if self.bias is None else y + self.bias
+        if self.dense is not None:
+            return self.dense(x, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -81,10 +85,14 @@ class RotaryEmbedding(nn.Module):
         # Plain attributes, not buffers: they stay fp32 when the model is cast to bf16.
         self.cos = freqs.cos() * attention_scaling
         self.sin = freqs.sin() * attention_scaling
+        self._looked_up: tuple = (None, None, None)  # (positions, cos, sin) of the forward in progress
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        seen, cos, sin = self._looked_up
+        if positions is not seen or cos.dtype != q.dtype:  # every layer shares one module: look up once per forward
+            cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D/2]
+            sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+            self._looked_up = (positions, cos, sin)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

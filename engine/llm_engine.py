@@ -10,18 +10,18 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.checkpoint.load import build_model, quant_spec
 from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, sampling_defaults
 from engine.client import ContextLengthError, EngineOverloadedError, ModelInfo
 from engine.config import EngineConfig, kv_disk_folder
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
+from engine.dense import pack_dense_weights
 from engine.kv_disk import open_disk_tier
+from engine.kv_disk_format import model_identity
 from engine.logprobs import LogprobsRecorder
 from engine.model_runner import ModelRunner
 from engine.quant.kernels import weight_bytes
-from engine.quant.choices import choose_mode
-from engine.quant.methods import quantize_model
+from engine.quant.methods import load_model
 from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from engine.parallel import Family, child_params, fork
 from engine.request import Request, RequestStatus
@@ -52,15 +52,10 @@ class LLMEngine:
         self.source = resolve_model(config.model)
         self.hf_config, self.tokenizer = load_config_and_tokenizer(self.source)
         self.max_model_len = resolve_max_model_len(self.hf_config, config.max_model_len)
-        spec = quant_spec(self.source, self.hf_config)
-        self.quantization = choose_mode(config.quantization, spec, self.source.kind, self.dtype)
-        packs = self.quantization in ("gguf", getattr(spec, "method", None))  # 4-bit layers stay 4-bit
-        self.model, packed = build_model(self.source, self.hf_config, self.dtype, self.device,
-                                         self.max_model_len, keep_packed=packs)
-        if "dequantized" in self.quantization:
-            log.info("%s checkpoint dequantized to %s at load (the int4 kernels take bf16)", spec.method, self.dtype)
-        else:
-            quantize_model(self.model, self.quantization, self.dtype, packed)
+        self.model, self.quantization = load_model(self.source, self.hf_config, config.quantization, self.dtype,
+                                                   self.device, self.max_model_len)
+        identity = model_identity(self.model, self.dtype, self.quantization, config.block_size)  # before packing
+        pack_dense_weights(self.model)
         self.weight_bytes = weight_bytes(self.model)
         num_blocks = num_kv_blocks(config, ModelRunner.bytes_per_block(self.model, config.block_size, self.dtype),
                                    self.device)
@@ -69,8 +64,7 @@ class LLMEngine:
                                   config.logprobs_mode)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if config.kv_disk:
-            store = open_disk_tier(kv_disk_folder(config.kv_disk), config.kv_disk_bytes, self.model, self.dtype,
-                                   self.quantization, config.block_size, self.runner.k_cache)
+            store = open_disk_tier(kv_disk_folder(config.kv_disk), config.kv_disk_bytes, identity, self.runner.k_cache)
             self.kv.attach_disk(store, self.runner.k_cache, self.runner.v_cache)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0

@@ -129,3 +129,27 @@ def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeyp
     assert tokens(smol32.generate(batch, GREEDY)) == per_sequence
     assert calls  # the cascade did run
     smol32.engine.check_integrity()
+
+
+def test_few_rows_run_the_layers_on_one_thread_and_the_lm_head_on_all(tiny_model, monkeypatch):
+    """A small model's decode of a few rows runs its layers on one thread (engine/model_runner.py),
+    the LM head on every thread, and the setting is restored after the step; larger batches keep all."""
+    import torch
+
+    from engine import model_runner
+
+    path, _ = tiny_model("llama")
+    llm = LLM(path, dtype="bfloat16", num_kv_blocks=64, num_threads=2)
+    model, seen = llm.engine.model, []
+    layer_forward, head = model.model.layers[0].forward, model.compute_logits
+    monkeypatch.setattr(model.model.layers[0], "forward",
+                        lambda *a: seen.append(("layers", torch.get_num_threads())) or layer_forward(*a))
+    monkeypatch.setattr(model, "compute_logits", lambda h: seen.append(("head", torch.get_num_threads())) or head(h))
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompts = [[100 + i] * 40 for i in range(model_runner.ONE_THREAD_ROWS + 1)]
+    llm.generate(prompts[:1], params)
+    assert ("layers", 1) in seen and ("head", 2) in seen and ("head", 1) not in seen
+    assert torch.get_num_threads() == 2
+    seen.clear()
+    llm.generate(prompts, params)  # every step has more rows than ONE_THREAD_ROWS
+    assert seen and all(threads == 2 for _, threads in seen)

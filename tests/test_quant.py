@@ -8,6 +8,7 @@ from engine import LLM, SamplingParams
 from engine.checkpoint.gguf import gguf_weights
 from engine.checkpoint.quantized import Packed4
 from engine.checkpoint.source import default_model_path
+from engine.dense import DenseWeight, can_pack
 from engine.quant.kernels import SMALL_M, Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from tests.test_models import paged_logits
 
@@ -100,3 +101,40 @@ def test_quantization_that_does_not_apply_is_refused(tiny_model):
         LLM(path, dtype="bfloat16", quantization="gguf", num_kv_blocks=16)
     with pytest.raises(ValueError, match="quantization 'int4'"):
         LLM(path, dtype="float32", quantization="int4", num_kv_blocks=16)
+
+
+needs_packing = pytest.mark.skipif(not can_pack(torch.empty(1, 1, dtype=torch.bfloat16)),
+                                   reason="no oneDNN bf16 matmul on this CPU")
+
+
+@needs_packing
+def test_packed_dense_weight_computes_the_plain_linear():
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 64, generator=g).bfloat16(), torch.randn(96, generator=g).bfloat16()
+    dense = DenseWeight(w)
+    assert dense.packed is not None and dense.plain is None
+    for rows in (0, 1, 5, 64):
+        x = torch.randn(rows, 64, generator=g).bfloat16()
+        assert torch.allclose(dense(x, b).float(), F.linear(x, w, b).float(), rtol=1e-2, atol=1e-2)
+    x = torch.randn(2, 3, 128, generator=g).bfloat16()[..., ::2]  # strided, three dims
+    assert torch.allclose(dense(x).float(), F.linear(x, w).float(), rtol=1e-2, atol=1e-2)
+
+
+@needs_packing
+def test_packed_weights_keep_greedy_outputs_and_count_their_bytes(tiny_model, monkeypatch):
+    """A bf16 model's Linears (qkv bias included) and its tied LM head run packed; the tokens equal
+    those of plain F.linear, and the packed copies are counted in the weight bytes."""
+    path, _ = tiny_model("qwen2")
+    prompts = [[200 + i] * (20 + i) + [7, 8, 9] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    packed = LLM(path, dtype="bfloat16", num_kv_blocks=128)
+    model = packed.engine.model
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.dense.packed is not None and qkv.weight is None and qkv.bias is not None
+    monkeypatch.setenv("PAGEDCHAT_NO_PACKING", "1")
+    plain = LLM(path, dtype="bfloat16", num_kv_blocks=128)
+    assert plain.engine.model.model.layers[0].self_attn.qkv_proj.dense.packed is None
+    assert [o.outputs[0].token_ids for o in packed.generate(prompts, params)] == \
+        [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    head = model.lm_head_dense.nbytes if model.lm_head_dense is not None else 0
+    assert packed.engine.weight_bytes >= plain.engine.weight_bytes + head

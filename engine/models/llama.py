@@ -98,6 +98,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(cfg, max_positions)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
         self.lm_head_quant = None  # set by engine.quant: the LM head apart from the tied embedding
+        self.lm_head_dense = None  # set by engine.dense: the tied embedding packed as the LM head
         if self.tie_word_embeddings:
             self.lm_head = None
         else:
@@ -109,6 +110,8 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head_quant is not None:
             return self.lm_head_quant.matmul(hidden).float()
+        if self.lm_head_dense is not None:
+            return self.lm_head_dense(hidden).float()
         if self.lm_head is None:
             return F.linear(hidden, self.model.embed_tokens.weight).float()
         return self.lm_head(hidden).float()

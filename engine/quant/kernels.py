@@ -1,9 +1,10 @@
 """Quantized weights in PyTorch's own weight-only kernel layouts, converted once at load.
 
 CPU: `torch._weight_int4pack_mm_for_cpu` / `torch._weight_int8pack_mm` win for decode-sized
-batches (few rows) and lose to a dense bf16 matmul (AMX) from about 8 rows up, so each weight also
-keeps a dense bf16 copy and the path is chosen per call by row count (SMALL_M, measured here).
-The dense copy costs the bf16 weight's memory on top of the packed one (+2 bytes per weight).
+batches (few rows) and lose to a dense bf16 matmul (engine/dense.py) from about 8 rows up, so
+each weight also keeps a dense bf16 copy and the path is chosen per call by row count (SMALL_M,
+measured here). The dense copy costs the bf16 weight's memory on top of the packed one (+2 bytes
+per weight).
 CUDA: `torch._weight_int4pack_mm` for every row count, no dense copy.
 """
 from __future__ import annotations
@@ -11,14 +12,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-SMALL_M = 4  # rows up to which the packed kernel beats dense bf16 on this CPU (bench: bench/quant.py)
+from engine.dense import DenseWeight
+
+# Rows up to which the packed kernels beat dense bf16 in a decode step on this CPU. Measured in the
+# engine, not on one matrix: a lone matrix sits in cache and favours dense already at 2 rows, but a
+# step streams every weight from memory, and bf16 is 4x the bytes (SMALL_M = 1: batch-2 steps 20 -> 35 ms).
+SMALL_M = 4
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
 class QuantizedWeight:
     """The matmul a quantized Linear runs: y = x @ W^T without materialising W for small batches."""
     bits: int
-    dense: torch.Tensor | None
+    dense: DenseWeight | None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -47,7 +53,8 @@ class Int4Weight(QuantizedWeight):
             self.packed = torch._convert_weight_to_int4pack(packed, 8)
         else:
             self.packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-        self.dense = self.dequantize(q, scales, zeros).to(dtype) if keep_dense and device.type == "cpu" else None
+        self.dense = DenseWeight(self.dequantize(q, scales, zeros).to(dtype)) \
+            if keep_dense and device.type == "cpu" else None
 
     def dequantize(self, q, scales, zeros) -> torch.Tensor:
         g = torch.arange(self.K, device=q.device) // self.group_size
@@ -58,7 +65,7 @@ class Int4Weight(QuantizedWeight):
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None and x.shape[0] > SMALL_M:
-            return F.linear(x, self.dense)
+            return self.dense(x)
         xb = x.to(torch.bfloat16)
         if self.perm is not None:
             xb = xb[:, self.perm]
@@ -81,12 +88,12 @@ class Int8Weight(QuantizedWeight):
         self.q = q.to(torch.int8).contiguous()
         self.scales = scales.to(torch.bfloat16).contiguous()
         self.dtype = dtype
-        self.dense = (self.q.float() * scales.float()[:, None]).to(dtype) \
+        self.dense = DenseWeight((self.q.float() * scales.float()[:, None]).to(dtype)) \
             if keep_dense and q.device.type == "cpu" else None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.dense is not None and x.shape[0] > SMALL_M:
-            return F.linear(x, self.dense)
+            return self.dense(x)
         if x.device.type == "cpu":
             return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.scales).to(x.dtype)
         return F.linear(x, (self.q.to(x.dtype) * self.scales.to(x.dtype)[:, None]))
@@ -108,8 +115,7 @@ class ConcatWeight(QuantizedWeight):
 
     @property
     def nbytes(self) -> int:
-        return sum(p.nbytes + (p.dense.numel() * p.dense.element_size() if p.dense is not None else 0)
-                   for p in self.parts)
+        return sum(p.nbytes + (p.dense.nbytes if p.dense is not None else 0) for p in self.parts)
 
 
 def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -137,5 +143,8 @@ def weight_bytes(model) -> int:
         for q in (getattr(module, "quant", None), getattr(module, "lm_head_quant", None)):
             if q is not None and id(q) not in seen:
                 seen.add(id(q))
-                total += q.nbytes + (q.dense.numel() * q.dense.element_size() if q.dense is not None else 0)
+                total += q.nbytes + (q.dense.nbytes if q.dense is not None else 0)
+        for d in (getattr(module, "dense", None), getattr(module, "lm_head_dense", None)):
+            if d is not None and d.packed is not None:  # a plain one is a parameter, counted above
+                total += d.nbytes
     return total

@@ -6,11 +6,27 @@ import logging
 import torch
 from torch import nn
 
+from engine.checkpoint.load import build_model, quant_spec
+from engine.checkpoint.source import ModelSource
 from engine.layers import Linear
-from engine.quant.choices import CHECKPOINT_FORMATS
+from engine.quant.choices import CHECKPOINT_FORMATS, choose_mode
 from engine.quant.kernels import ConcatWeight, Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
 log = logging.getLogger("pagedchat.quant")
+
+
+def load_model(source: ModelSource, hf_config, requested: str | None, dtype: torch.dtype, device: torch.device,
+               max_model_len: int) -> tuple[nn.Module, str]:
+    """The model with its weights in their final form, and the quantization chosen for it."""
+    spec = quant_spec(source, hf_config)
+    quantization = choose_mode(requested, spec, source.kind, dtype)
+    packs = quantization in ("gguf", getattr(spec, "method", None))  # 4-bit layers stay 4-bit
+    model, packed = build_model(source, hf_config, dtype, device, max_model_len, keep_packed=packs)
+    if "dequantized" in quantization:
+        log.info("%s checkpoint dequantized to %s at load (the int4 kernels take bf16)", spec.method, dtype)
+    else:
+        quantize_model(model, quantization, dtype, packed)
+    return model, quantization
 
 
 def quantize_model(model: nn.Module, mode: str, dtype: torch.dtype, packed: dict | None = None) -> dict:

@@ -1,11 +1,12 @@
 """Decode attention with and without the shared-prefix cascade, in one process.
 
-    python -m bench.attention                      # SmolLM2's shapes, 300-token shared prefix
+    python -m bench.attention                      # SmolLM2's shapes, 304-token shared prefix
+    python -m bench.attention --prefix 2048 --no-step   # a long shared prefix, where the cascade pays
 
 1. The attention alone: B decodes sharing a P-token prefix, each with its own S-token suffix
    (9 query heads, 3 kv heads, head dim 64, bf16, block size 16): the C kernel over each whole
-   sequence, against the cascade (the prefix once as a matrix product, the kernel over the suffixes,
-   merged; the prefix's fp32 operands are reused across steps, as in the engine).
+   sequence, against the cascade (the prefix once for all rows by torch's CPU flash attention, the
+   kernel over the suffixes, merged; the prefix's operands are reused across steps, as in the engine).
 2. A whole decode step at batch 64 on the default model (bench.throughput's sessions, so every
    sequence shares the system prompt), cascade on and off.
 """
@@ -47,9 +48,10 @@ def attention_alone(batch: int, prefix: int, suffix: int, repeat: int) -> tuple[
     plain = AttentionMetadata(torch.empty(0, dtype=torch.long), batch, table, lens)
     hashes = [list(range(shared_blocks + own_blocks))] * batch  # a known prefix: its K/V operands are reused
     threshold, attention.MIN_SHARING_ROWS = attention.MIN_SHARING_ROWS, 1  # forced, to show where it pays
+    tokens, attention.MIN_SHARED_TOKENS = attention.MIN_SHARED_TOKENS, 0
     cascade = AttentionMetadata(torch.empty(0, dtype=torch.long), batch, table, lens,
                                 shared=find_shared_prefix(table, lens, bs, hashes))
-    attention.MIN_SHARING_ROWS = threshold
+    attention.MIN_SHARING_ROWS, attention.MIN_SHARED_TOKENS = threshold, tokens
     return timed(lambda: attn._decode(q, plain), repeat), timed(lambda: attn._decode(q, cascade), repeat)
 
 
@@ -62,7 +64,8 @@ def main() -> None:
     args = p.parse_args()
     print(f"{torch.get_num_threads()} threads; attention alone, one layer, prefix {args.prefix} + own {args.suffix} "
           f"tokens per sequence")
-    print(f"(the engine uses the cascade from {attention.MIN_SHARING_ROWS} sharing decodes on)")
+    print(f"(the engine uses the cascade from {attention.MIN_SHARING_ROWS} decodes sharing "
+          f"{attention.MIN_SHARED_TOKENS} tokens on)")
     print("| decodes | per-sequence kernel | cascade | ratio |")
     print("|---|---|---|---|")
     for batch in (4, 8, 16, 32, 48, 64):
@@ -74,6 +77,7 @@ def main() -> None:
 
     llm = LLM(max_num_seqs=64)
     rows = {}
+    attention.MIN_SHARED_TOKENS = 0  # the step's prefix is the ~300-token system prompt: forced on
     for name, minimum in (("per-sequence", 10**9), ("cascade", attention.MIN_SHARING_ROWS)) * 2:
         attention.MIN_SHARING_ROWS = minimum
         rows.setdefault(name, []).append(profile_step(llm, 64, 0)["step_ms"])

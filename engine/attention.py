@@ -48,7 +48,12 @@ class SharedPrefix:
     content: tuple  # (chain hash of the last shared block, block ids): names the K/V, reused across steps
 
 
-MIN_SHARING_ROWS = 32  # measured (bench/attention.py): below ~32 rows the matrix product costs more than it saves
+# Measured (bench/attention.py, SmolLM2's heads, bf16): with the vectorised per-sequence kernel the
+# cascade pays only for long prefixes shared by many rows: a 304-token prefix lost at every batch
+# (0.71x at 64 rows; a short prefix's K/V stays in cache for the per-sequence kernel anyway), a
+# 2048-token one won 1.07x at 32 rows and 1.18x at 48-64.
+MIN_SHARING_ROWS = 32
+MIN_SHARED_TOKENS = 1024
 
 
 def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
@@ -66,7 +71,7 @@ def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     sub = table[rows]
     k = int((sub == sub[0]).all(0).cumprod(0).sum())
     k = min(k, int(((seq_lens[rows] - 1) // block_size).min()))
-    if k == 0:
+    if k == 0 or k * block_size < MIN_SHARED_TOKENS:
         return None
     starts = torch.zeros_like(seq_lens)
     starts[rows] = k * block_size

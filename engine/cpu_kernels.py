@@ -18,8 +18,8 @@ from engine.config import cache_dir
 log = logging.getLogger("pagedchat.kernels")
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c")]
-_HEADERS = [os.path.join(_CSRC, "bf16.h")]  # part of the build's cache key, not compiled alone
+_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c")]
+_HEADERS = [os.path.join(_CSRC, name) for name in ("bf16.h", "exp.h")]  # part of the build's cache key, not compiled alone
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
 _lib: ctypes.CDLL | None = None
@@ -56,6 +56,8 @@ def _build() -> ctypes.CDLL | None:
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
                                                      ctypes.c_int]
+    lib.silu_and_mul.restype = None
+    lib.silu_and_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -113,4 +115,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     n = x.shape[-1]
     _lib.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps,
                   0 if x.dtype == torch.float32 else 1, torch.get_num_threads())
+    return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SiLU of the first half of the last dim times the second half (contiguous CPU fp32 or bf16)."""
+    n = x.shape[-1] // 2
+    out = x.new_empty(*x.shape[:-1], n)
+    _lib.silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * n), n, 0 if x.dtype == torch.float32 else 1,
+                      torch.get_num_threads())
     return out

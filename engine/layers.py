@@ -27,6 +27,8 @@ class RMSNorm(nn.Module):
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_contiguous() and cpu_kernels.supports(x):
+            return cpu_kernels.silu_and_mul(x)  # one call instead of three ops and a temporary
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

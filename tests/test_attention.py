@@ -64,6 +64,7 @@ def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, 
     from engine.attention import find_shared_prefix
 
     monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 4)
+    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 16)
     gen = torch.Generator().manual_seed(1)
     (H, Hkv), D, num_blocks = heads, 32, 80
     attn = PagedAttention(H, Hkv, D, D ** -0.5)
@@ -101,6 +102,7 @@ def test_no_shared_prefix_when_too_few_share_or_a_sequence_is_inside_it(monkeypa
     from engine.attention import find_shared_prefix
 
     monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 4)
+    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 16)
     table = torch.tensor([[3, 4, 5], [3, 4, 6], [3, 4, 7], [3, 9, 8]])
     hashes = [[10, 11, 12]] * 4
     assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, hashes).block_ids.tolist() == [3]
@@ -108,6 +110,8 @@ def test_no_shared_prefix_when_too_few_share_or_a_sequence_is_inside_it(monkeypa
     assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, []) is None  # content unknown
     # a sequence whose last token is in the first block keeps that block for itself
     assert find_shared_prefix(table, torch.tensor([40, 40, 16, 40]), 16, hashes) is None
+    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 32)  # a one-block prefix is too short to pay
+    assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, hashes) is None
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
@@ -128,4 +132,21 @@ def test_rms_norm_kernel_matches_transformers_arithmetic(dtype, tol, shape, monk
         monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
         ref = norm(x)
     assert fast.dtype == dtype and fast.shape == x.shape
+    assert ((fast.double() - ref.double()).abs() <= tol * ref.double().abs().clamp(min=1.0)).all()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("shape", [(1, 3072), (64, 3072), (5, 3, 96)])
+def test_silu_and_mul_kernel_matches_torch(dtype, tol, shape, monkeypatch):
+    """The C SiLU·mul (engine/csrc/silu_and_mul.c) against torch's ops: fp32 within rounding,
+    bf16 within one bf16 step."""
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    from engine.layers import SiluAndMul
+
+    x = (torch.randn(*shape, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    fast = SiluAndMul()(x)
+    monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
+    ref = SiluAndMul()(x)
+    assert fast.dtype == dtype and fast.shape == ref.shape == (*shape[:-1], shape[-1] // 2)
     assert ((fast.double() - ref.double()).abs() <= tol * ref.double().abs().clamp(min=1.0)).all()

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "exp.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -150,7 +151,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     for (int r = 0; r < R; r++) { /* softmax of each row */
         float *sr = scores + (size_t)r * L, m = -INFINITY, sum = 0.f;
         for (int64_t t = 0; t < L; t++) m = sr[t] > m ? sr[t] : m;
-        for (int64_t t = 0; t < L; t++) { sr[t] = expf(sr[t] - m); sum += sr[t]; }
+        for (int64_t t = 0; t < L; t++) { sr[t] = exp_f32(sr[t] - m); sum += sr[t]; }
         sums[r] = sum;
         maxes[r] = m;
     }
@@ -178,7 +179,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
         if (prefix_out) { /* out = (own * sum_own + prefix * sum_prefix) / (sum_own + sum_prefix) */
             const float lse_own = maxes[r] + logf(sums[r]), lse_pre = prefix_lse[h0 * G + r];
             const float top = lse_own > lse_pre ? lse_own : lse_pre;
-            const float w_own = expf(lse_own - top), w_pre = expf(lse_pre - top), norm = 1.f / (w_own + w_pre);
+            const float w_own = exp_f32(lse_own - top), w_pre = exp_f32(lse_pre - top), norm = 1.f / (w_own + w_pre);
             const float *pr = prefix_out + (h0 * G + r) * D;
             for (int d = 0; d < D; d++) ar[d] = (ar[d] * inv * w_own + pr[d] * w_pre) * norm;
             inv = 1.f;

@@ -54,7 +54,7 @@ def _build() -> ctypes.CDLL | None:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     lib.rms_norm.restype = None
-    lib.rms_norm.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
+    lib.rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
                                                      ctypes.c_int]
     lib.silu_and_mul.restype = None
     lib.silu_and_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
@@ -109,11 +109,13 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim of a contiguous CPU tensor (fp32 or bf16, weight of the same dtype)."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """RMSNorm over the last dim of a contiguous CPU tensor (fp32 or bf16, weight of the same dtype).
+    With `residual` (same shape and dtype, contiguous): residual += x in place first, and the sum is
+    normalised."""
     out = torch.empty_like(x)
     n = x.shape[-1]
-    _lib.rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps,
+    _lib.rms_norm(x.data_ptr(), _ptr(residual), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps,
                   0 if x.dtype == torch.float32 else 1, torch.get_num_threads())
     return out
 

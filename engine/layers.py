@@ -16,9 +16,17 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same arithmetic as transformers: normalise in fp32, scale in the weight's dtype.
-        if x.is_contiguous() and x.dtype == self.weight.dtype and cpu_kernels.supports(x):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """norm(x); with `residual`: (norm(x + residual), x + residual), vLLM's fused add. Same
+        arithmetic as transformers: the sum rounded to the dtype, normalised in fp32, scaled in the
+        weight's dtype."""
+        fast = x.is_contiguous() and x.dtype == self.weight.dtype and cpu_kernels.supports(x)
+        if residual is not None:
+            if fast and residual.is_contiguous() and residual.dtype == x.dtype:
+                return cpu_kernels.rms_norm(x, self.weight, self.eps, residual), residual  # residual updated in place
+            residual = x + residual
+            return self.forward(residual), residual
+        if fast:
             return cpu_kernels.rms_norm(x, self.weight, self.eps)  # one call instead of eight ops
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -2,7 +2,10 @@
  * rounded to the model's dtype, then multiplied by the weight in that dtype. On a 64-row decode batch
  * torch's eight separate ops cost ~0.35 ms here; this is one call.
  *
- * x, out [rows, n] and weight [n], contiguous; dtype: 0 = float32, 1 = bfloat16 (all share it).
+ * With `residual` (vLLM's fused add): residual = x + residual first (rounded to the dtype, as
+ * torch's add), written back in place, and that sum is what gets normalised.
+ *
+ * x, residual, out [rows, n] and weight [n], contiguous; dtype: 0 = float32, 1 = bfloat16 (all share it).
  */
 #include <math.h>
 #include <stdint.h>
@@ -10,13 +13,20 @@
 
 #include "bf16.h"
 
-void rms_norm(const void *x, const void *weight, void *out, int64_t rows, int n, float eps, int dtype, int threads) {
+void rms_norm(const void *x, void *residual, const void *weight, void *out, int64_t rows, int n, float eps,
+              int dtype, int threads) {
 #pragma omp parallel for num_threads(threads) if (rows > 8)
     for (int64_t r = 0; r < rows; r++) {
         float sum = 0.f;
         if (dtype == 0) {
             const float *xr = (const float *)x + r * n, *w = weight;
             float *o = (float *)out + r * n;
+            if (residual) {
+                float *res = (float *)residual + r * n;
+#pragma omp simd
+                for (int i = 0; i < n; i++) res[i] += xr[i];
+                xr = res;
+            }
 #pragma omp simd reduction(+ : sum)
             for (int i = 0; i < n; i++) sum += xr[i] * xr[i];
             const float inv = 1.f / sqrtf(sum / n + eps);
@@ -24,6 +34,12 @@ void rms_norm(const void *x, const void *weight, void *out, int64_t rows, int n,
         } else {
             const uint16_t *xr = (const uint16_t *)x + r * n, *w = weight;
             uint16_t *o = (uint16_t *)out + r * n;
+            if (residual) {
+                uint16_t *res = (uint16_t *)residual + r * n;
+#pragma omp simd
+                for (int i = 0; i < n; i++) res[i] = f32_to_bf16(bf16_to_f32(res[i]) + bf16_to_f32(xr[i]));
+                xr = res;
+            }
 #pragma omp simd reduction(+ : sum)
             for (int i = 0; i < n; i++) { const float v = bf16_to_f32(xr[i]); sum += v * v; }
             const float inv = 1.f / sqrtf(sum / n + eps);

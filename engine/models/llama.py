@@ -63,9 +63,14 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, positions: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h))
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None):
+        """The residual stream travels beside the hidden state, so each add fuses into the next norm."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(positions, x), residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -79,10 +84,10 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(input_ids)
+        h, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
-            h = layer(positions, h)
-        return self.norm(h)
+            h, residual = layer(positions, h, residual)
+        return self.norm(h, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

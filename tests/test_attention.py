@@ -20,13 +20,14 @@ def reference(q, keys, values, scale):
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("D", [64, 80])  # 64: the kernel's bf16 pair-dot-product path; 80: its generic one
-def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, monkeypatch):
+@pytest.mark.parametrize("H, Hkv", [(8, 2), (9, 3), (6, 6), (14, 2)])  # 4, 3, 1, 7 (4 + 3) query rows per kv head
+def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv, monkeypatch):
     if path == "kernel" and not cpu_kernels.available():
         pytest.skip("no C compiler")
     if path == "torch":
         monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
     gen = torch.Generator().manual_seed(0)
-    H, Hkv, num_blocks = 8, 2, 40
+    num_blocks = 40
     attn = PagedAttention(H, Hkv, D, D ** -0.5)
     attn.k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
     attn.v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)

@@ -2,8 +2,9 @@
  * place from the block pool through its block table (no gathered copy). Parallel over
  * (sequence, kv head); each task reads its K and V rows once. fp32 accumulation throughout.
  * With AVX-512 BF16 (bf16 caches, D % 32 == 0, block_size % 16 == 0) scores come 16 tokens at a time
- * from bf16 pair dot products, and for D == 64 each row's output stays in registers; measured
- * (bench/attention.py, batch 64, 454 tokens each) 2.6 -> 1.2 ms per layer.
+ * from bf16 pair dot products, and for D == 64 the outputs stay in registers while V streams by;
+ * with exp vectorised (exp.h), measured (bench/attention.py, batch 64, 454 tokens each) 2.6 -> 0.82
+ * ms per layer.
  *
  * Layouts (all contiguous):
  *   q, out        [B, H, D]
@@ -74,32 +75,45 @@ static void scores_bf16(const uint16_t *q, const uint16_t *k_cache, const int64_
     }
 }
 
-/* Pass 2 for the same case with D == 64: each query row's output stays in four registers while
- * the tokens' V rows stream by (converted once per row and token, from L1). */
+/* Pass 2 for the same case with D == 64: the outputs of `rows` query rows of one kv head (at most
+ * 4: 16 registers) stay in registers while the head's V rows stream by, each converted once for
+ * all of them. `rows` is a constant where it is called, so the loops over it unroll. */
+static inline __attribute__((always_inline)) void values_d64_rows(const uint16_t *v_head, const int64_t *table,
+                                                                  int64_t L, int Hkv, int block_size,
+                                                                  const float *p, int rows, float *out) {
+    __m512 a[4][4];
+    for (int g = 0; g < rows; g++)
+        for (int j = 0; j < 4; j++) a[g][j] = _mm512_setzero_ps();
+    for (int64_t t0 = 0; t0 < L; t0 += block_size) {
+        const int n = L - t0 < block_size ? (int)(L - t0) : block_size;
+        const uint16_t *v0 = v_head + table[t0 / block_size] * block_size * Hkv * 64;
+        for (int t = 0; t < n; t++) {
+            const uint16_t *vr = v0 + (int64_t)t * Hkv * 64;
+            __m512 v[4];
+            for (int j = 0; j < 4; j++)
+                v[j] = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const void *)(vr + 16 * j)));
+            for (int g = 0; g < rows; g++) {
+                const __m512 w = _mm512_set1_ps(p[(size_t)g * L + t0 + t]);
+                for (int j = 0; j < 4; j++) a[g][j] = _mm512_fmadd_ps(w, v[j], a[g][j]);
+            }
+        }
+    }
+    for (int g = 0; g < rows; g++)
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + g * 64 + 16 * j, a[g][j]);
+}
+
 static void values_bf16_d64(const uint16_t *v_cache, const int64_t *table, int64_t L, int h0, int nh, int G,
                             int Hkv, int block_size, const float *scores, float *acc) {
     for (int hh = 0; hh < nh; hh++) {
-        for (int g = 0; g < G; g++) {
-            const int r = hh * G + g;
-            const float *p = scores + (size_t)r * L;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t t0 = 0; t0 < L; t0 += block_size) {
-                const int n = L - t0 < block_size ? (int)(L - t0) : block_size;
-                const uint16_t *v0 = v_cache + ((table[t0 / block_size] * block_size) * Hkv + h0 + hh) * 64;
-                for (int t = 0; t < n; t++) {
-                    const uint16_t *vr = v0 + (int64_t)t * Hkv * 64;
-                    const __m512 w = _mm512_set1_ps(p[t0 + t]);
-                    a0 = _mm512_fmadd_ps(w, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const void *)vr)), a0);
-                    a1 = _mm512_fmadd_ps(w, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const void *)(vr + 16))), a1);
-                    a2 = _mm512_fmadd_ps(w, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const void *)(vr + 32))), a2);
-                    a3 = _mm512_fmadd_ps(w, _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const void *)(vr + 48))), a3);
-                }
+        const uint16_t *v_head = v_cache + (int64_t)(h0 + hh) * 64;
+        for (int g = hh * G; g < (hh + 1) * G; g += 4) {
+            const float *p = scores + (size_t)g * L;
+            switch ((hh + 1) * G - g) {
+            case 1: values_d64_rows(v_head, table, L, Hkv, block_size, p, 1, acc + g * 64); break;
+            case 2: values_d64_rows(v_head, table, L, Hkv, block_size, p, 2, acc + g * 64); break;
+            case 3: values_d64_rows(v_head, table, L, Hkv, block_size, p, 3, acc + g * 64); break;
+            default: values_d64_rows(v_head, table, L, Hkv, block_size, p, 4, acc + g * 64); break;
             }
-            float *ar = acc + r * 64;
-            _mm512_storeu_ps(ar, a0);
-            _mm512_storeu_ps(ar + 16, a1);
-            _mm512_storeu_ps(ar + 32, a2);
-            _mm512_storeu_ps(ar + 48, a3);
         }
     }
 }

@@ -1,5 +1,7 @@
 /* SiLU(gate) * up for the CPU, one pass, with torch's arithmetic in the model's dtype: silu computed
  * in fp32 and rounded, then the product rounded. torch takes three ops and a temporary for it.
+ * Two threads pay from ~128 rows of 1536 (measured: 64 rows 86 us on one, 120 on two; 128 rows 166
+ * against 133), so smaller batches run on one.
  *
  * x [rows, 2n] (gate then up, contiguous), out [rows, n]; dtype: 0 = float32, 1 = bfloat16.
  */
@@ -10,7 +12,7 @@
 #include "exp.h"
 
 void silu_and_mul(const void *x, void *out, int64_t rows, int n, int dtype, int threads) {
-#pragma omp parallel for num_threads(threads) if (rows > 8)
+#pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 17))
     for (int64_t r = 0; r < rows; r++) {
         if (dtype == 0) {
             const float *g = (const float *)x + r * 2 * n, *u = g + n;

@@ -36,6 +36,7 @@ class AttentionMetadata:
     decode_mask: torch.Tensor | None = None  # torch path only, made by the first layer that needs it
     prefills: list[PrefillSeq] = field(default_factory=list)
     shared: SharedPrefix | None = None  # decodes whose tables start with the same blocks (C kernel path)
+    kernel_threads: int | None = None  # the C decode kernel's threads (None: torch's setting)
 
 
 @dataclass
@@ -150,7 +151,7 @@ class PagedAttention(nn.Module):
             if meta.shared is not None:
                 return self._cascade_decode(q, meta)
             return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
-                                                      meta.decode_seq_lens, self.scale)
+                                                      meta.decode_seq_lens, self.scale, threads=meta.kernel_threads)
         B, nb = meta.decode_block_tables.shape
         bs = self.k_cache.shape[1]
         if meta.decode_mask is None:  # the C kernel stops at each length itself and needs no mask
@@ -174,7 +175,8 @@ class PagedAttention(nn.Module):
         prefix_out, prefix_lse = prefix_attention(q[shared.rows], keys, values, self.scale)
         return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
                                                   meta.decode_seq_lens, self.scale,
-                                                  prefix=(shared.starts, shared.prefix_row, prefix_out, prefix_lse))
+                                                  prefix=(shared.starts, shared.prefix_row, prefix_out, prefix_lse),
+                                                  threads=meta.kernel_threads)
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: PrefillSeq) -> torch.Tensor:
         qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]

@@ -84,11 +84,11 @@ def supports(t: torch.Tensor) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           prefix: tuple | None = None) -> torch.Tensor:
+                           prefix: tuple | None = None, threads: int | None = None) -> torch.Tensor:
     """q [B, H, D] -> [B, H, D]; caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths.
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
-    out[rows[b]], lse[rows[b]] (engine/attention.py's cascade)."""
+    out[rows[b]], lse[rows[b]] (engine/attention.py's cascade). threads: None for torch's setting."""
     B, H, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
     if H > 256:
@@ -99,7 +99,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     failed = _lib.paged_decode_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
-        block_tables.shape[1], scale, 0 if q.dtype == torch.float32 else 1, torch.get_num_threads())
+        block_tables.shape[1], scale, 0 if q.dtype == torch.float32 else 1, threads or torch.get_num_threads())
     if failed:
         raise MemoryError("paged_decode_attention could not allocate its score buffer")
     return out

@@ -154,3 +154,24 @@ def test_few_rows_run_the_layers_on_one_thread_and_the_lm_head_on_all(tiny_model
     seen.clear()
     llm.generate(prompts, params)  # every step has more rows than ONE_THREAD_ROWS
     assert seen and all(threads == 2 for _, threads in seen)
+
+
+def test_decode_attention_takes_every_thread_only_for_long_contexts(tiny_model, monkeypatch):
+    """Short decodes run the attention kernel on one thread (waking another costs more), a step with
+    PARALLEL_ATTENTION_TOKENS of context on all of them, even when its layers run on one."""
+    from engine import cpu_kernels, model_runner
+
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    path, _ = tiny_model("llama")
+    llm = LLM(path, dtype="bfloat16", num_kv_blocks=256, num_threads=2)
+    kernel, seen = cpu_kernels.paged_decode_attention, []
+    monkeypatch.setattr(cpu_kernels, "paged_decode_attention",
+                        lambda *a, threads=None, **k: seen.append(threads) or kernel(*a, threads=threads, **k))
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    llm.generate([[100] * 40], params)
+    assert seen and set(seen) == {1}
+    seen.clear()
+    long = model_runner.PARALLEL_ATTENTION_TOKENS // 6 + 1
+    llm.generate([[100 + i] * long for i in range(6)], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert 2 in seen  # once all six decode together (6 rows: the layers still on one thread)

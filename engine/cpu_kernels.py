@@ -18,7 +18,7 @@ from engine.config import cache_dir
 log = logging.getLogger("pagedchat.kernels")
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c")]
+_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c")]
 _HEADERS = [os.path.join(_CSRC, name) for name in ("bf16.h", "exp.h")]  # part of the build's cache key, not compiled alone
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
@@ -56,6 +56,9 @@ def _build() -> ctypes.CDLL | None:
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
                                                      ctypes.c_int]
+    lib.rotary_neox.restype = None
+    lib.rotary_neox.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + \
+        [ctypes.c_int64] + [ctypes.c_int] * 4
     lib.silu_and_mul.restype = None
     lib.silu_and_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     return lib
@@ -127,3 +130,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     _lib.silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * n), n, 0 if x.dtype == torch.float32 else 1,
                       torch.get_num_threads())
     return out
+
+
+def rotary_neox(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                positions: torch.Tensor) -> None:
+    """Rotate q [T, Hq, D] and k [T, Hk, D] in place (rows may be strided, heads contiguous);
+    cos, sin [max_positions, D/2] contiguous fp32; positions [T] int64."""
+    T, Hq, D = q.shape
+    _lib.rotary_neox(q.data_ptr(), k.data_ptr(), q.stride(0), k.stride(0), cos.data_ptr(), sin.data_ptr(),
+                     positions.data_ptr(), T, Hq, k.shape[1], D, 0 if q.dtype == torch.float32 else 1)

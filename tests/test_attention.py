@@ -175,3 +175,31 @@ def test_fused_residual_add_and_rms_norm_equal_the_two_torch_ops(dtype, monkeypa
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     for out in (fast, slow):  # ref itself came from the kernel's plain norm
         assert ((out.double() - ref.double()).abs() <= tol * ref.double().abs().clamp(min=1.0)).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_kernel_equals_the_torch_ops_on_strided_qkv_views(dtype, monkeypatch):
+    """The C rotary (engine/csrc/rotary.c) rotates q and k in place inside the fused qkv output and
+    gives torch's numbers: bf16 rounded at the same points, fp32 within rounding."""
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    from transformers import LlamaConfig
+
+    from engine.layers import RotaryEmbedding
+
+    rotary = RotaryEmbedding(LlamaConfig(rope_theta=10000.0), 64, 1024)
+    gen = torch.Generator().manual_seed(5)
+    qkv = (torch.randn(7, (9 + 3 + 3) * 64, generator=gen) * 2).to(dtype)
+    positions = torch.tensor([0, 1, 2, 500, 1023, 17, 3])
+    q, k = qkv[:, :576].view(7, 9, 64), qkv[:, 576:768].view(7, 3, 64)
+    q_ref, k_ref, v_before = q.clone(), k.clone(), qkv[:, 768:].clone()
+    fast_q, fast_k = rotary(positions, q, k)
+    assert fast_q.data_ptr() == qkv.data_ptr()  # in place, in the qkv buffer
+    monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
+    ref_q, ref_k = rotary(positions, q_ref, k_ref)
+    for fast, ref in ((fast_q, ref_q), (fast_k, ref_k)):
+        if dtype == torch.bfloat16:
+            assert torch.equal(fast, ref)
+        else:
+            assert torch.allclose(fast, ref, rtol=1e-5, atol=1e-5)
+    assert torch.equal(qkv[:, 768:], v_before)  # v, beside them in the buffer, untouched

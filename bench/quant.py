@@ -14,7 +14,6 @@ import time
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
-import torch.nn.functional as F
 
 from bench.throughput import run_pagedchat
 from engine import LLM

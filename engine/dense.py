@@ -2,8 +2,9 @@
 
 On a CPU with bf16 matrix units (AMX, AVX-512 BF16), F.linear hands oneDNN a plain row-major
 weight that it reorders into its tile layout on every call. For a small model's matrices that
-reorder is a large share of the call: measured here (bench/quant.py), packing once makes a
-576x3072 matmul 10-30% faster at 1-64 rows and the 49152-row LM head up to 2x faster at one row.
+reorder is a large share of the call: measured here, packing once made a 576x3072 matmul 10-30%
+faster at 1-64 rows and the 49152-row LM head up to 2x faster at one row; a batch-64 decode step
+of the default model went from 163 to 135 ms.
 The packed copy replaces the plain one; elsewhere (CUDA, fp32, no oneDNN bf16) nothing changes.
 """
 from __future__ import annotations

@@ -37,8 +37,13 @@ def assert_close(ours: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
     assert err < rel, f"max relative error {err:.2e} >= {rel:.0e}"
 
 
+@pytest.mark.parametrize("kernels", ["C kernels", "torch ops"])  # torch ops: the path CUDA takes
 @pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_tiny_models_match_transformers(arch, tiny_model):
+def test_tiny_models_match_transformers(arch, kernels, tiny_model, monkeypatch):
+    from engine import cpu_kernels
+
+    if kernels == "torch ops":
+        monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
     path, hf_model = tiny_model(arch)
     llm = LLM(path, dtype="float32", num_kv_blocks=64, block_size=16)
     ids = [int(t) for t in torch.randint(0, hf_model.config.vocab_size, (45,), generator=torch.Generator().manual_seed(0))]

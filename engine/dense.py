@@ -44,15 +44,15 @@ class DenseWeight:
 
 
 def pack_dense_weights(model: nn.Module) -> None:
-    """Give every dense Linear (not quantized) a DenseWeight in place of its plain weight, and the
-    LM head tied to the embedding its own packed copy (the embedding stays a lookup table)."""
+    """Where packing pays (can_pack), give every dense Linear (not quantized) a packed DenseWeight in
+    place of its plain weight, and the LM head tied to the embedding its own packed copy (the
+    embedding stays a lookup table). Elsewhere the model is left as it is."""
     from engine.layers import Linear
 
     for module in model.modules():
-        if isinstance(module, Linear) and module.quant is None and module.weight is not None:
-            module.dense = DenseWeight(module.weight.data)
-            if module.dense.packed is not None:
-                module.weight = None
+        if isinstance(module, Linear) and module.quant is None and module.weight is not None \
+                and can_pack(module.weight):
+            module.dense, module.weight = DenseWeight(module.weight.data), None
     embedding = model.model.embed_tokens.weight
     if model.lm_head is None and model.lm_head_quant is None and can_pack(embedding):
         model.lm_head_dense = DenseWeight(embedding.data)

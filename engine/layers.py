@@ -58,7 +58,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
         self.quant = None  # a QuantizedWeight (engine/quant) once the model is quantized
-        self.dense: DenseWeight | None = None  # else the weight packed for the CPU (engine/dense.py)
+        self.dense: DenseWeight | None = None  # else, on a bf16 CPU, the weight packed (engine/dense.py)
         self.shard_offsets: dict[str | int, tuple[int, int]] = {}
         offset = 0
         for shard_id, size in (shard_sizes or {}).items():

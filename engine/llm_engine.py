@@ -13,9 +13,9 @@ import torch
 from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, sampling_defaults
 from engine.client import ContextLengthError, EngineOverloadedError, ModelInfo
 from engine.config import EngineConfig, kv_disk_folder
+from engine.dense import pack_dense_weights
 from engine.detokenizer import IncrementalDetokenizer
 from engine.kv_cache_manager import KVCacheManager
-from engine.dense import pack_dense_weights
 from engine.kv_disk import open_disk_tier
 from engine.kv_disk_format import model_identity
 from engine.logprobs import LogprobsRecorder

@@ -181,8 +181,8 @@ class ModelRunner:
             table = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long, device=dev)
             lens = torch.tensor(decode_lens, dtype=torch.long, device=dev)
             meta.decode_block_tables, meta.decode_seq_lens = table, lens
-            meta.kernel_threads = torch.get_num_threads() if sum(decode_lens) >= PARALLEL_ATTENTION_TOKENS else 1
             if dev.type == "cpu":
+                meta.kernel_threads = torch.get_num_threads() if sum(decode_lens) >= PARALLEL_ATTENTION_TOKENS else 1
                 meta.shared = find_shared_prefix(table, lens, bs, decode_hashes)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)

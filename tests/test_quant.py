@@ -133,7 +133,7 @@ def test_packed_weights_keep_greedy_outputs_and_count_their_bytes(tiny_model, mo
     assert qkv.dense.packed is not None and qkv.weight is None and qkv.bias is not None
     monkeypatch.setenv("PAGEDCHAT_NO_PACKING", "1")
     plain = LLM(path, dtype="bfloat16", num_kv_blocks=128)
-    assert plain.engine.model.model.layers[0].self_attn.qkv_proj.dense.packed is None
+    assert plain.engine.model.model.layers[0].self_attn.qkv_proj.dense is None  # not packed: its plain weight
     assert [o.outputs[0].token_ids for o in packed.generate(prompts, params)] == \
         [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
     head = model.lm_head_dense.nbytes if model.lm_head_dense is not None else 0

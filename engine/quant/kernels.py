@@ -145,6 +145,6 @@ def weight_bytes(model) -> int:
                 seen.add(id(q))
                 total += q.nbytes + (q.dense.nbytes if q.dense is not None else 0)
         for d in (getattr(module, "dense", None), getattr(module, "lm_head_dense", None)):
-            if d is not None and d.packed is not None:  # a plain one is a parameter, counted above
+            if d is not None:  # packed copies (engine/dense.py): not parameters
                 total += d.nbytes
     return total

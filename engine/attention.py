@@ -120,6 +120,12 @@ def use_metadata(meta: AttentionMetadata):
         _current = previous
 
 
+def decode_rows() -> int | None:
+    """How many leading rows of the forward in progress are decodes (one token of one sequence);
+    None outside a model step."""
+    return None if _current is None else _current.num_decode
+
+
 class PagedAttention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
         super().__init__()

@@ -18,7 +18,8 @@ from engine.config import cache_dir
 log = logging.getLogger("pagedchat.kernels")
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
-_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c")]
+_SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
+                                                      "quant_matmul.c")]
 _HEADERS = [os.path.join(_CSRC, name) for name in ("bf16.h", "exp.h")]  # part of the build's cache key, not compiled alone
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
@@ -61,6 +62,10 @@ def _build() -> ctypes.CDLL | None:
         [ctypes.c_int64] + [ctypes.c_int] * 4
     lib.silu_and_mul.restype = None
     lib.silu_and_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    lib.int4_matmul.restype = ctypes.c_int
+    lib.int4_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
+    lib.int8_matmul.restype = ctypes.c_int
+    lib.int8_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     return lib
 
 
@@ -139,3 +144,52 @@ def rotary_neox(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
     T, Hq, D = q.shape
     _lib.rotary_neox(q.data_ptr(), k.data_ptr(), q.stride(0), k.stride(0), cos.data_ptr(), sin.data_ptr(),
                      positions.data_ptr(), T, Hq, k.shape[1], D, 0 if q.dtype == torch.float32 else 1)
+
+
+def quant_matmul_supported() -> bool:
+    """Whether int4_matmul / int8_matmul run here (they need AVX-512 BF16; elsewhere they decline)."""
+    global _quant_ok
+    if _quant_ok is None:
+        _quant_ok = available() and _lib.int4_matmul(None, None, None, None, 0, 0, 0, 4, 1) == 0
+    return _quant_ok
+
+
+_quant_ok: bool | None = None
+
+
+def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [N, K] in 0..15, scales and zeros [G, N] (w = (q - 8) * scale + zero) -> int4_matmul's
+    (packed [N/16, K/4, 32] uint8, scales [N/16, G, 2, 16] bf16); see csrc/quant_matmul.c."""
+    N, K = q.shape
+    G = scales.shape[0]
+    quads = q.to(torch.uint8).reshape(N // 16, 16, K // 4, 2, 2)  # [block, column, quad, half, pair]
+    packed = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 1, 3).contiguous()
+    per_block = [t.to(torch.bfloat16).reshape(G, N // 16, 16).transpose(0, 1) for t in (scales, zeros)]
+    return packed, torch.stack(per_block, dim=2).contiguous()
+
+
+def int8_pack(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] int8 -> int8_matmul's packed [N/16, K/2, 32] int8; see csrc/quant_matmul.c."""
+    N, K = q.shape
+    return q.reshape(N // 16, 16, K // 2, 2).permute(0, 2, 1, 3).contiguous()
+
+
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ the packed 4-bit weight^T -> [M, N] bf16."""
+    x = x.to(torch.bfloat16).contiguous()
+    M, K = x.shape
+    y = x.new_empty(M, packed.shape[0] * 16)
+    if _lib.int4_matmul(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
+                        group_size, torch.get_num_threads()):
+        raise MemoryError("int4_matmul could not allocate")
+    return y
+
+
+def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (any float dtype) @ the packed int8 weight^T * scales (fp32 [N]) -> [M, N] bf16."""
+    x = x.to(torch.bfloat16).contiguous()
+    M, K = x.shape
+    y = x.new_empty(M, packed.shape[0] * 16)
+    _lib.int8_matmul(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
+                     torch.get_num_threads())
+    return y

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, cpu_kernels
 from engine.checkpoint.gguf import gguf_weights
 from engine.checkpoint.quantized import Packed4
 from engine.checkpoint.source import default_model_path
@@ -28,9 +28,48 @@ def test_int4_round_trip_and_kernel(group):
     gidx = torch.arange(256) // group
     assert torch.equal(deq, (q.float() - 8) * scales[gidx].T + zeros[gidx].T)  # the convention, exactly
     assert (deq - w).abs().max() <= (scales.max() / 2 + 1e-6)  # round to nearest: half a step at most
-    for m in (1, SMALL_M, SMALL_M + 4):  # packed kernel rows, then the dense path
+    for m in (1, SMALL_M, weight.small_m, weight.small_m + 4):  # packed kernel rows, then the dense path
         x = torch.randn(m, 256, generator=g).bfloat16()
         assert rel(weight.matmul(x), F.linear(x.float(), deq)) < 1e-2
+
+
+@pytest.mark.skipif(not cpu_kernels.quant_matmul_supported(), reason="our int4 kernel needs AVX-512 BF16")
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("n", [48, 80, 256])
+def test_our_int4_kernel_against_fp64_and_batch_invariant(group, n):
+    """Every tile shape (row chunks of 8, 4, 2, 1 over 4, 2, 1 column blocks), against the
+    dequantized weight in fp64; and each row's result is bit-identical whatever the batch."""
+    g = torch.Generator().manual_seed(n + group)
+    K = 256
+    q, scales, zeros = quantize_int4(torch.randn(n, K, generator=g), group)
+    packed, sz = cpu_kernels.int4_pack(q, scales, zeros)
+    gidx = torch.arange(K) // group
+    deq = (q.double() - 8) * scales.bfloat16().double()[gidx].T + zeros.bfloat16().double()[gidx].T
+    x = (torch.randn(17, K, generator=g) * 3).bfloat16()
+    alone = torch.cat([cpu_kernels.int4_matmul(x[i:i + 1], packed, sz, group) for i in range(17)])
+    for m in range(1, 18):
+        y = cpu_kernels.int4_matmul(x[:m], packed, sz, group)
+        ref = x[:m].double() @ deq.T
+        assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+        assert ((y.double() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3 * ref.abs().max()).all(), m
+        assert torch.equal(y, alone[:m])
+
+
+@pytest.mark.skipif(not cpu_kernels.quant_matmul_supported(), reason="our kernels need AVX-512 BF16")
+@pytest.mark.parametrize("n", [48, 80])
+def test_our_int8_kernel_against_fp64_and_batch_invariant(n):
+    g = torch.Generator().manual_seed(n)
+    K = 192
+    q, scales = quantize_int8(torch.randn(n, K, generator=g))
+    packed = cpu_kernels.int8_pack(q)
+    deq = q.double() * scales.double()[:, None]
+    x = (torch.randn(11, K, generator=g) * 3).bfloat16()
+    alone = torch.cat([cpu_kernels.int8_matmul(x[i:i + 1], packed, scales) for i in range(11)])
+    for m in range(1, 12):
+        y = cpu_kernels.int8_matmul(x[:m], packed, scales)
+        ref = x[:m].double() @ deq.T
+        assert ((y.double() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3 * ref.abs().max()).all(), m
+        assert torch.equal(y, alone[:m])
 
 
 def test_int4_act_order_permutation_is_undone():
@@ -51,7 +90,7 @@ def test_int8_round_trip_and_kernel():
     q, scales = quantize_int8(w)
     weight = Int8Weight(q, scales, torch.bfloat16)
     assert (q.float() * scales[:, None] - w).abs().max() <= scales.max() / 2 + 1e-6
-    for m in (1, SMALL_M + 3):
+    for m in (1, SMALL_M + 3, weight.small_m + 1):  # packed kernel rows, then the dense path
         x = torch.randn(m, 192, generator=g).bfloat16()
         assert rel(weight.matmul(x), F.linear(x.float(), q.float() * scales[:, None])) < 1e-2
 

@@ -1,10 +1,9 @@
-"""Quantized weights in PyTorch's own weight-only kernel layouts, converted once at load.
+"""Quantized weights in their kernels' layouts, converted once at load.
 
-CPU: `torch._weight_int4pack_mm_for_cpu` / `torch._weight_int8pack_mm` win for decode-sized
-batches (few rows) and lose to a dense bf16 matmul (engine/dense.py) from about 8 rows up, so
-each weight also keeps a dense bf16 copy and the path is chosen per call by row count (SMALL_M,
-measured here). The dense copy costs the bf16 weight's memory on top of the packed one (+2 bytes
-per weight).
+CPU: a packed kernel serves decode-sized batches (few rows): ours (engine/csrc/quant_matmul.c)
+where the CPU has AVX-512 BF16, else PyTorch's `_weight_int4pack_mm_for_cpu` /
+`_weight_int8pack_mm`. Both lose to a dense bf16 matmul (engine/dense.py) on many rows, so each
+weight also keeps a dense bf16 copy (+2 bytes per weight) and `packed_rows` picks the path per call.
 CUDA: `torch._weight_int4pack_mm` for every row count, no dense copy.
 """
 from __future__ import annotations
@@ -12,13 +11,31 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine import cpu_kernels
+from engine.attention import decode_rows
 from engine.dense import DenseWeight
 
 # Rows up to which the packed kernels beat dense bf16 in a decode step on this CPU. Measured in the
 # engine, not on one matrix: a lone matrix sits in cache and favours dense already at 2 rows, but a
 # step streams every weight from memory, and bf16 is 4x the bytes (SMALL_M = 1: batch-2 steps 20 -> 35 ms).
 SMALL_M = 4
+# The same for our kernels (engine/csrc/quant_matmul.c), measured on one weight set streamed from
+# memory (SmolLM2's 120 linears, one thread): 4-bit 14 ms at 8 rows against 21 for dense bf16, 26.5
+# against 28.6 at 16, slower from 24; 8-bit (the 49152x576 LM head, two threads) 2.6 against 2.7 ms
+# at 8 rows, slower at 16 (its widening through fp32 costs more per weight than the nibbles' OR).
+OUR_SMALL_M = {4: 16, 8: 8}
 INT4_GROUP_SIZES = (32, 64, 128, 256)
+
+
+def packed_rows(rows: int, limit: int) -> int:
+    """How many leading rows take the packed kernel (the rest the dense copy). In a model step: its
+    decode rows when there are at most `limit`, never a prompt's rows, so a prompt computes the
+    same whether the prefix cache held part of it or not, and a decode the same whatever prompts
+    share its step. Elsewhere (the LM head, scoring): all rows when there are at most `limit`."""
+    decodes = decode_rows()
+    if decodes is None:
+        return rows if rows <= limit else 0
+    return decodes if decodes <= limit else 0
 
 
 class QuantizedWeight:
@@ -36,7 +53,9 @@ class QuantizedWeight:
 
 class Int4Weight(QuantizedWeight):
     """w[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n], g = k // group_size; q in 0..15.
-    `perm` (act-order checkpoints) reorders the input features so groups are contiguous."""
+    `perm` (act-order checkpoints) reorders the input features so groups are contiguous.
+    On a CPU with AVX-512 BF16, few rows go through our kernel (engine/csrc/int4_matmul.c), else
+    through torch's."""
     bits = 4
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
@@ -47,12 +66,16 @@ class Int4Weight(QuantizedWeight):
                              f"got N={N}, K={K}, group {group_size}")
         self.N, self.K, self.group_size, self.dtype, self.perm = N, K, group_size, dtype, perm
         device = q.device
-        self.scales_and_zeros = torch.stack([scales, zeros], dim=-1).to(torch.bfloat16).contiguous()  # [G, N, 2]
-        if device.type == "cuda":
-            packed = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)
-            self.packed = torch._convert_weight_to_int4pack(packed, 8)
+        self.ours = device.type == "cpu" and cpu_kernels.quant_matmul_supported()
+        if self.ours:
+            self.packed, self.scales_and_zeros = cpu_kernels.int4_pack(q, scales, zeros)
         else:
-            self.packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+            self.scales_and_zeros = torch.stack([scales, zeros], dim=-1).to(torch.bfloat16).contiguous()  # [G, N, 2]
+            if device.type == "cuda":
+                self.packed = torch._convert_weight_to_int4pack(((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8), 8)
+            else:
+                self.packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
+        self.small_m = OUR_SMALL_M[4] if self.ours else SMALL_M
         self.dense = DenseWeight(self.dequantize(q, scales, zeros).to(dtype)) \
             if keep_dense and device.type == "cpu" else None
 
@@ -64,12 +87,19 @@ class Int4Weight(QuantizedWeight):
         return w
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense is not None and x.shape[0] > SMALL_M:
+        small = packed_rows(x.shape[0], self.small_m) if self.dense is not None else x.shape[0]
+        if small == 0:
             return self.dense(x)
+        y = self._packed_matmul(x[:small])
+        return y if small == x.shape[0] else torch.cat([y, self.dense(x[small:])])
+
+    def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
         if self.perm is not None:
             xb = xb[:, self.perm]
-        if xb.device.type == "cuda":
+        if self.ours:
+            y = cpu_kernels.int4_matmul(xb, self.packed, self.scales_and_zeros, self.group_size)
+        elif xb.device.type == "cuda":
             y = torch._weight_int4pack_mm(xb, self.packed, self.group_size, self.scales_and_zeros)
         else:
             y = torch._weight_int4pack_mm_for_cpu(xb.contiguous(), self.packed, self.group_size, self.scales_and_zeros)
@@ -81,26 +111,40 @@ class Int4Weight(QuantizedWeight):
 
 
 class Int8Weight(QuantizedWeight):
-    """w[n, k] = q[n, k] * scale[n]: int8 per output channel."""
+    """w[n, k] = q[n, k] * scale[n]: int8 per output channel. Few rows go through our kernel on a CPU
+    with AVX-512 BF16 (engine/csrc/quant_matmul.c), else through torch's."""
     bits = 8
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, keep_dense: bool = True) -> None:
         self.q = q.to(torch.int8).contiguous()
-        self.scales = scales.to(torch.bfloat16).contiguous()
         self.dtype = dtype
-        self.dense = DenseWeight((self.q.float() * scales.float()[:, None]).to(dtype)) \
+        self.ours = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0 \
+            and cpu_kernels.quant_matmul_supported()
+        if self.ours:
+            self.q, self.scales = cpu_kernels.int8_pack(self.q), scales.float().contiguous()
+        else:
+            self.scales = scales.to(torch.bfloat16).contiguous()
+        self.small_m = OUR_SMALL_M[8] if self.ours else SMALL_M
+        self.dense = DenseWeight((q.float() * scales.float()[:, None]).to(dtype)) \
             if keep_dense and q.device.type == "cpu" else None
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.dense is not None and x.shape[0] > SMALL_M:
+        small = packed_rows(x.shape[0], self.small_m) if self.dense is not None else x.shape[0]
+        if small == 0:
             return self.dense(x)
+        y = self._packed_matmul(x[:small])
+        return y if small == x.shape[0] else torch.cat([y, self.dense(x[small:])])
+
+    def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ours:
+            return cpu_kernels.int8_matmul(x, self.q, self.scales).to(x.dtype)
         if x.device.type == "cpu":
             return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.scales).to(x.dtype)
         return F.linear(x, (self.q.to(x.dtype) * self.scales.to(x.dtype)[:, None]))
 
     @property
     def nbytes(self) -> int:
-        return self.q.numel() + self.scales.numel() * 2
+        return self.q.numel() + self.scales.numel() * self.scales.element_size()
 
 
 class ConcatWeight(QuantizedWeight):

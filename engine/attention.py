@@ -140,24 +140,34 @@ class PagedAttention(nn.Module):
         meta = _current
         T = q.shape[0]
         if self.k_cache.numel():
-            kc = self.k_cache.view(-1, self.num_kv_heads, self.head_dim)
-            kc.index_copy_(0, meta.slot_mapping, k)
-            self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, v)
+            self._store(k, v, meta.slot_mapping)
         out = q.new_empty(T, self.num_heads, self.head_dim)
         nd = meta.num_decode
         if nd:
-            out[:nd] = self._decode(q[:nd], meta)
+            self._decode(q[:nd], meta, out[:nd])  # in place
         for seq in meta.prefills:
             rows = slice(seq.q_start, seq.q_start + seq.q_len)
             out[rows] = self._prefill(q[rows], k[rows], v[rows], seq)
         return out.view(T, self.num_heads * self.head_dim)
 
-    def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _store(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """The new tokens' K/V into their slots of the block pool."""
+        if cpu_kernels.supports(k) and k.dtype == self.k_cache.dtype == v.dtype and self.k_cache.is_contiguous() \
+                and self.v_cache.is_contiguous() and cpu_kernels.heads_contiguous(k) and cpu_kernels.heads_contiguous(v):
+            cpu_kernels.kv_store(k, v, self.k_cache, self.v_cache, slots)  # one call, no copies of the views
+            return
+        self.k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, k)
+        self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v)
+
+    def _decode(self, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of the one-token rows q, written into `out` when given (the C kernel writes
+        there directly, and reads q's rows where they lie: no copies)."""
+        out = q.new_empty(q.shape) if out is None else out
         if cpu_kernels.supports(q):
-            if meta.shared is not None:
-                return self._cascade_decode(q, meta)
+            prefix = self._cascade_prefix(q, meta) if meta.shared is not None else None
             return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
-                                                      meta.decode_seq_lens, self.scale, threads=meta.kernel_threads)
+                                                      meta.decode_seq_lens, self.scale, prefix=prefix,
+                                                      threads=meta.kernel_threads, out=out)
         B, nb = meta.decode_block_tables.shape
         bs = self.k_cache.shape[1]
         if meta.decode_mask is None:  # the C kernel stops at each length itself and needs no mask
@@ -168,21 +178,19 @@ class PagedAttention(nn.Module):
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True)
-        return o.squeeze(2)
+        return out.copy_(o.squeeze(2))
 
-    def _cascade_decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """The shared prefix is read once for all the rows that share it (one matrix product), each
-        row's own suffix by the kernel; the two partial softmaxes merge exactly (log-sum-exp)."""
+    def _cascade_prefix(self, q: torch.Tensor, meta: AttentionMetadata) -> tuple:
+        """The cascade: the shared prefix is read once for all the rows that share it (one matrix
+        product); the kernel then attends each row's own suffix and merges the two partial softmaxes
+        exactly (log-sum-exp). Returns the kernel's `prefix` argument."""
         shared = meta.shared
         content, keys, values = self._prefix
         if content != shared.content:  # full blocks never change: the operands serve until the prefix does
             keys, values = prefix_operands(self.k_cache[shared.block_ids], self.v_cache[shared.block_ids])
             self._prefix = (shared.content, keys, values)
         prefix_out, prefix_lse = prefix_attention(q[shared.rows], keys, values, self.scale)
-        return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
-                                                  meta.decode_seq_lens, self.scale,
-                                                  prefix=(shared.starts, shared.prefix_row, prefix_out, prefix_lse),
-                                                  threads=meta.kernel_threads)
+        return shared.starts, shared.prefix_row, prefix_out, prefix_lse
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: PrefillSeq) -> torch.Tensor:
         qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]

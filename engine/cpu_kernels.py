@@ -53,7 +53,11 @@ def _build() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     fn = lib.paged_decode_attention
     fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 10 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 9 + [ctypes.c_int] * 6 + \
+        [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.kv_store.restype = None
+    lib.kv_store.argtypes = [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] + \
+        [ctypes.c_int] * 2
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
                                                      ctypes.c_int]
@@ -92,8 +96,10 @@ def supports(t: torch.Tensor) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           prefix: tuple | None = None, threads: int | None = None) -> torch.Tensor:
-    """q [B, H, D] -> [B, H, D]; caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths.
+                           prefix: tuple | None = None, threads: int | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [B, H, D] (rows may be strided, heads contiguous) -> out [B, H, D] (contiguous; made if not
+    given); caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths.
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
     out[rows[b]], lse[rows[b]] (engine/attention.py's cascade). threads: None for torch's setting."""
@@ -101,16 +107,30 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _, block_size, Hkv, _ = k_cache.shape
     if H > 256:
         raise ValueError("paged_decode_attention supports at most 256 query heads")
-    q = q.contiguous()
-    out = torch.empty_like(q)
+    if not heads_contiguous(q):
+        q = q.contiguous()
+    out = q.new_empty(B, H, D) if out is None else out
     starts, rows, prefix_out, prefix_lse = prefix or (None, None, None, None)
     failed = _lib.paged_decode_attention(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
         block_tables.shape[1], scale, 0 if q.dtype == torch.float32 else 1, threads or torch.get_num_threads())
     if failed:
         raise MemoryError("paged_decode_attention could not allocate its score buffer")
     return out
+
+
+def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    """k, v [T, Hkv, D] (rows may be strided, heads contiguous) into the caches' flat slots."""
+    T, Hkv, D = k.shape
+    _lib.kv_store(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
+                  slots.data_ptr(), T, Hkv * D, 0 if k.dtype == torch.float32 else 1)
+
+
+def heads_contiguous(x: torch.Tensor) -> bool:
+    """[T, H, D] with each row's H * D elements contiguous."""
+    return x.stride(2) == 1 and x.stride(1) == x.shape[2]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:

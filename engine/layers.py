@@ -99,7 +99,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hk, D] rotated; on the CPU kernel's path in place (one C call)."""
-        if _heads_contiguous(q) and _heads_contiguous(k) and q.dtype == k.dtype and cpu_kernels.supports(q):
+        if q.shape[2] <= 512 and cpu_kernels.heads_contiguous(q) and cpu_kernels.heads_contiguous(k) \
+                and q.dtype == k.dtype and cpu_kernels.supports(q):
             cpu_kernels.rotary_neox(q, k, self.cos, self.sin, positions)
             return q, k
         seen, cos, sin = self._looked_up
@@ -108,10 +109,6 @@ class RotaryEmbedding(nn.Module):
             sin = self.sin[positions].unsqueeze(1).to(q.dtype)
             self._looked_up = (positions, cos, sin)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _heads_contiguous(x: torch.Tensor) -> bool:
-    return x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.shape[2] <= 512
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

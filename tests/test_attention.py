@@ -43,7 +43,8 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv,
     table = torch.tensor([t + [0] * (width - len(t)) for t in tables])
     seq_lens = torch.tensor(lens)
     meta = AttentionMetadata(torch.empty(0, dtype=torch.long), len(lens), table, seq_lens)
-    q = torch.randn(len(lens), H, D, generator=gen).to(dtype)
+    qkv = torch.randn(len(lens), (H + 2 * Hkv) * D, generator=gen).to(dtype)
+    q = qkv[:, :H * D].view(len(lens), H, D)  # strided rows, as the fused projection leaves them
     out = attn._decode(q, meta)
     for i, n in enumerate(lens):
         slots = torch.tensor([int(table[i, t // block_size]) * block_size + t % block_size for t in range(n)])
@@ -51,6 +52,26 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv,
         values = attn.v_cache.view(-1, Hkv, D)[slots]
         ref = reference(q[i], keys, values, D ** -0.5)
         assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_store_writes_the_slots_index_copy_would(dtype, monkeypatch):
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    store, calls = cpu_kernels.kv_store, []
+    monkeypatch.setattr(cpu_kernels, "kv_store", lambda *a: calls.append(1) or store(*a))
+    gen = torch.Generator().manual_seed(1)
+    attn = PagedAttention(9, 3, 64, 0.125)
+    attn.k_cache, attn.v_cache = torch.zeros(2, 6, 16, 3, 64, dtype=dtype).unbind(0)
+    qkv = torch.randn(5, 15 * 64, generator=gen).to(dtype)
+    k, v = qkv[:, 9 * 64:12 * 64].view(5, 3, 64), qkv[:, 12 * 64:].view(5, 3, 64)  # strided views
+    slots = torch.tensor([17, 3, 95, 40, 41])
+    attn._store(k, v, slots)
+    assert calls  # the C path, reading the strided views in place
+    expected_k, expected_v = torch.zeros(96, 3, 64, dtype=dtype), torch.zeros(96, 3, 64, dtype=dtype)
+    expected_k.index_copy_(0, slots, k)
+    expected_v.index_copy_(0, slots, v)
+    assert torch.equal(attn.k_cache.view(96, 3, 64), expected_k) and torch.equal(attn.v_cache.view(96, 3, 64), expected_v)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])

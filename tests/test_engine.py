@@ -125,8 +125,8 @@ def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeyp
     monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 24)
     monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 0)  # the ~300-token system prompt is shared
     calls = []
-    cascade = attention.PagedAttention._cascade_decode
-    monkeypatch.setattr(attention.PagedAttention, "_cascade_decode", lambda self, q, meta: calls.append(1) or cascade(self, q, meta))
+    cascade = attention.PagedAttention._cascade_prefix
+    monkeypatch.setattr(attention.PagedAttention, "_cascade_prefix", lambda self, q, meta: calls.append(1) or cascade(self, q, meta))
     assert tokens(smol32.generate(batch, GREEDY)) == per_sequence
     assert calls  # the cascade did run
     smol32.engine.check_integrity()

@@ -6,7 +6,8 @@
  * with exp vectorised (exp.h), measured (bench/attention.py, batch 64, 454 tokens each) 2.6 -> 0.82
  * ms per layer.
  *
- * Layouts (all contiguous):
+ * Layouts (contiguous, except q's rows, q_stride elements apart, so q can be a view of the fused
+ * qkv projection):
  *   q, out        [B, H, D]
  *   k/v cache     [num_blocks, block_size, Hkv, D]
  *   block_tables  [B, max_blocks] int64, seq_lens [B] int64
@@ -130,10 +131,11 @@ static inline void load_span(const void *base, int64_t offset, int n, int dtype,
     }
 }
 
-/* One task: sequence b, kv heads [h0, h1). K and V rows of those heads are read once, in order. */
+/* One task: one sequence (q and out point at its rows), kv heads [h0, h1). K and V rows of those
+ * heads are read once, in order. */
 static int attend(const void *q, const void *k_cache, const void *v_cache, void *out, const float *prefix_out,
-                  const float *prefix_lse, const int64_t *table, int64_t start, int64_t end, int b, int h0,
-                  int h1, int H, int Hkv, int D, int block_size, float scale, int dtype) {
+                  const float *prefix_lse, const int64_t *table, int64_t start, int64_t end, int h0, int h1, int H,
+                  int Hkv, int D, int block_size, float scale, int dtype) {
     const int64_t L = end - start;
     table += start / block_size;
     const int G = H / Hkv, nh = h1 - h0, R = nh * G; /* query rows handled here */
@@ -141,11 +143,11 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W));
     if (!scores) return 1;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
-    for (int r = 0; r < R; r++) load_span(q, ((int64_t)b * H + h0 * G + r) * D, D, dtype, qf + r * D);
+    for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
     int64_t slot = 0;
 #if defined(__AVX512BF16__)
     if (dtype == 1 && D % 32 == 0 && block_size % 16 == 0)
-        scores_bf16((const uint16_t *)q + ((int64_t)b * H + h0 * G) * D, k_cache, table, L, h0, nh, G, Hkv, D,
+        scores_bf16((const uint16_t *)q + (int64_t)h0 * G * D, k_cache, table, L, h0, nh, G, Hkv, D,
                     block_size, scale, scores);
     else
 #endif
@@ -188,7 +190,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
         }
     }
     for (int r = 0; r < R; r++) {
-        int64_t o = ((int64_t)b * H + h0 * G + r) * D;
+        int64_t o = (int64_t)(h0 * G + r) * D;
         float *ar = acc + r * D, inv = 1.f / sums[r];
         if (prefix_out) { /* out = (own * sum_own + prefix * sum_prefix) / (sum_own + sum_prefix) */
             const float lse_own = maxes[r] + logf(sums[r]), lse_pre = prefix_lse[h0 * G + r];
@@ -205,7 +207,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     return 0;
 }
 
-int paged_decode_attention(const void *q, const void *k_cache, const void *v_cache, void *out,
+int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, void *out,
                            const int64_t *block_tables, const int64_t *seq_lens, const int64_t *starts,
                            const int64_t *prefix_row, const float *prefix_out, const float *prefix_lse, int B,
                            int H, int Hkv, int D, int block_size, int max_blocks, float scale, int dtype,
@@ -213,14 +215,28 @@ int paged_decode_attention(const void *q, const void *k_cache, const void *v_cac
     /* Enough sequences: one task each, all heads (contiguous reads). Few: split by kv head too. */
     const int split = B >= 2 * threads ? 1 : Hkv;
     const int per = Hkv / split;
+    const int64_t size = dtype == 0 ? 4 : 2;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(| : failed)
     for (int task = 0; task < B * split; task++) {
         int b = task / split, h0 = (task % split) * per;
         const int64_t p = prefix_row ? prefix_row[b] : -1;
-        failed |= attend(q, k_cache, v_cache, out, p >= 0 ? prefix_out + p * H * D : NULL,
-                         p >= 0 ? prefix_lse + p * H : NULL, block_tables + (int64_t)b * max_blocks,
-                         starts ? starts[b] : 0, seq_lens[b], b, h0, h0 + per, H, Hkv, D, block_size, scale, dtype);
+        failed |= attend((const char *)q + b * q_stride * size, k_cache, v_cache, (char *)out + b * H * D * size,
+                         p >= 0 ? prefix_out + p * H * D : NULL, p >= 0 ? prefix_lse + p * H : NULL,
+                         block_tables + (int64_t)b * max_blocks, starts ? starts[b] : 0, seq_lens[b], h0, h0 + per,
+                         H, Hkv, D, block_size, scale, dtype);
     }
     return failed;
+}
+
+/* The new tokens' K and V rows (row strides k_stride, v_stride elements; each row W contiguous
+ * elements) into their cache slots ([slots, W] contiguous caches): one call instead of two
+ * index_copy_, which cost ~20 us each at 64 rows. */
+void kv_store(const void *k, int64_t k_stride, const void *v, int64_t v_stride, void *k_cache, void *v_cache,
+              const int64_t *slots, int64_t T, int W, int dtype) {
+    const int64_t size = dtype == 0 ? 4 : 2;
+    for (int64_t t = 0; t < T; t++) {
+        memcpy((char *)k_cache + slots[t] * W * size, (const char *)k + t * k_stride * size, W * size);
+        memcpy((char *)v_cache + slots[t] * W * size, (const char *)v + t * v_stride * size, W * size);
+    }
 }

@@ -2,10 +2,11 @@
 their slots, then every sequence attends over its own blocks through its block table.
 
 The per-step metadata is set once by the model runner in a scoped context (`use_metadata`) so the
-model's forward signatures stay plain. One torch implementation serves CPU and CUDA: the decode
-path reads K/V in place through the block tables with our C kernel on the CPU (engine/csrc), or
-gathers each sequence's blocks into a padded batch for one batched SDPA call elsewhere; prefill
-chunks run one SDPA call per sequence.
+model's forward signatures stay plain. One torch implementation serves CPU and CUDA: decode rows
+(and on the CPU the rows of prompt chunks with short contexts, each as a one-token sequence over its
+own prefix) read K/V in place through the block tables with our C kernel on the CPU (engine/csrc),
+or gather each sequence's blocks into a padded batch for one batched SDPA call elsewhere; other
+prompt chunks run one SDPA call per sequence.
 """
 from __future__ import annotations
 
@@ -30,12 +31,14 @@ class PrefillSeq:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat slot of each token's K/V
-    num_decode: int  # the first num_decode rows are one-token sequences
-    decode_block_tables: torch.Tensor | None = None  # [B, max_blocks], padded with block 0
-    decode_seq_lens: torch.Tensor | None = None  # [B] tokens each decode attends to
-    decode_mask: torch.Tensor | None = None  # torch path only, made by the first layer that needs it
-    prefills: list[PrefillSeq] = field(default_factory=list)
-    shared: SharedPrefix | None = None  # decodes whose tables start with the same blocks (C kernel path)
+    num_decode: int  # the first num_decode rows are one-token sequences (decodes)
+    # The first R rows (the decodes, then rows of short prompt chunks) are attended one by one, each
+    # as a one-token sequence over its own prefix:
+    row_block_tables: torch.Tensor | None = None  # [R, max_blocks], padded with block 0
+    row_seq_lens: torch.Tensor | None = None  # [R] tokens each row attends to
+    row_mask: torch.Tensor | None = None  # torch path only, made by the first layer that needs it
+    prefills: list[PrefillSeq] = field(default_factory=list)  # the other prompt chunks (SDPA)
+    shared: SharedPrefix | None = None  # rows whose tables start with the same blocks (C kernel path)
     kernel_threads: int | None = None  # the C decode kernel's threads (None: torch's setting)
 
 
@@ -142,9 +145,9 @@ class PagedAttention(nn.Module):
         if self.k_cache.numel():
             self._store(k, v, meta.slot_mapping)
         out = q.new_empty(T, self.num_heads, self.head_dim)
-        nd = meta.num_decode
-        if nd:
-            self._decode(q[:nd], meta, out[:nd])  # in place
+        rows = 0 if meta.row_seq_lens is None else meta.row_seq_lens.shape[0]
+        if rows:
+            self._decode(q[:rows], meta, out[:rows])  # in place
         for seq in meta.prefills:
             rows = slice(seq.q_start, seq.q_start + seq.q_len)
             out[rows] = self._prefill(q[rows], k[rows], v[rows], seq)
@@ -160,24 +163,24 @@ class PagedAttention(nn.Module):
         self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v)
 
     def _decode(self, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention of the one-token rows q, written into `out` when given (the C kernel writes
-        there directly, and reads q's rows where they lie: no copies)."""
+        """Attention of the rows attended one by one (meta.row_*), written into `out` when given (the
+        C kernel writes there directly, and reads q's rows where they lie: no copies)."""
         out = q.new_empty(q.shape) if out is None else out
         if cpu_kernels.supports(q):
             prefix = self._cascade_prefix(q, meta) if meta.shared is not None else None
-            return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.decode_block_tables,
-                                                      meta.decode_seq_lens, self.scale, prefix=prefix,
+            return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.row_block_tables,
+                                                      meta.row_seq_lens, self.scale, prefix=prefix,
                                                       threads=meta.kernel_threads, out=out)
-        B, nb = meta.decode_block_tables.shape
+        B, nb = meta.row_block_tables.shape
         bs = self.k_cache.shape[1]
-        if meta.decode_mask is None:  # the C kernel stops at each length itself and needs no mask
-            valid = torch.arange(nb * bs, device=q.device) < meta.decode_seq_lens.unsqueeze(1)
-            meta.decode_mask = valid[:, None, None, :]
-        keys = self.k_cache[meta.decode_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
-        values = self.v_cache[meta.decode_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
+        if meta.row_mask is None:  # the C kernel stops at each length itself and needs no mask
+            valid = torch.arange(nb * bs, device=q.device) < meta.row_seq_lens.unsqueeze(1)
+            meta.row_mask = valid[:, None, None, :]
+        keys = self.k_cache[meta.row_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
+        values = self.v_cache[meta.row_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=meta.decode_mask, scale=self.scale, enable_gqa=True)
+            attn_mask=meta.row_mask, scale=self.scale, enable_gqa=True)
         return out.copy_(o.squeeze(2))
 
     def _cascade_prefix(self, q: torch.Tensor, meta: AttentionMetadata) -> tuple:

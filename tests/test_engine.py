@@ -175,3 +175,27 @@ def test_decode_attention_takes_every_thread_only_for_long_contexts(tiny_model, 
     long = model_runner.PARALLEL_ATTENTION_TOKENS // 6 + 1
     llm.generate([[100 + i] * long for i in range(6)], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert 2 in seen  # once all six decode together (6 rows: the layers still on one thread)
+
+
+
+def test_short_prompt_chunks_are_attended_row_by_row_and_long_ones_by_sdpa(tiny_model, monkeypatch):
+    """A prompt chunk whose context fits ROW_PREFILL_CONTEXT goes through the decode kernel, one row
+    per token, each over its own prefix; a longer one through SDPA. Both give the same greedy text."""
+    from engine import attention, cpu_kernels, model_runner
+
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    path, _ = tiny_model("llama")
+    prompt = [100 + (i * 7) % 300 for i in range(70)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    kernel, rows = cpu_kernels.paged_decode_attention, []
+    monkeypatch.setattr(cpu_kernels, "paged_decode_attention", lambda q, *a, **k: rows.append(q.shape[0]) or kernel(q, *a, **k))
+    sdpa, chunks = attention.PagedAttention._prefill, []
+    monkeypatch.setattr(attention.PagedAttention, "_prefill", lambda self, q, *a: chunks.append(q.shape[0]) or sdpa(self, q, *a))
+    by_rows = LLM(path, dtype="bfloat16", num_kv_blocks=64).generate([prompt], params)[0].outputs[0].token_ids
+    assert 70 in rows and not chunks
+    rows.clear()
+    monkeypatch.setattr(model_runner, "ROW_PREFILL_CONTEXT", 32)
+    by_sdpa = LLM(path, dtype="bfloat16", num_kv_blocks=64).generate([prompt], params)[0].outputs[0].token_ids
+    assert 70 in chunks and max(rows) == 1
+    assert by_rows == by_sdpa

@@ -94,16 +94,15 @@ class Int4Weight(QuantizedWeight):
         return y if small == x.shape[0] else torch.cat([y, self.dense(x[small:])])
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        xb = x.to(torch.bfloat16)
-        if self.perm is not None:
-            xb = xb[:, self.perm]
+        xb = x if self.perm is None else x[:, self.perm]
         if self.ours:
             y = cpu_kernels.int4_matmul(xb, self.packed, self.scales_and_zeros, self.group_size)
         elif xb.device.type == "cuda":
-            y = torch._weight_int4pack_mm(xb, self.packed, self.group_size, self.scales_and_zeros)
+            y = torch._weight_int4pack_mm(xb.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
         else:
-            y = torch._weight_int4pack_mm_for_cpu(xb.contiguous(), self.packed, self.group_size, self.scales_and_zeros)
-        return y.to(x.dtype)
+            y = torch._weight_int4pack_mm_for_cpu(xb.to(torch.bfloat16).contiguous(), self.packed, self.group_size,
+                                                  self.scales_and_zeros)
+        return y if y.dtype is x.dtype else y.to(x.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -137,7 +136,8 @@ class Int8Weight(QuantizedWeight):
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.ours:
-            return cpu_kernels.int8_matmul(x, self.q, self.scales).to(x.dtype)
+            y = cpu_kernels.int8_matmul(x, self.q, self.scales)
+            return y if y.dtype is x.dtype else y.to(x.dtype)
         if x.device.type == "cpu":
             return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.scales).to(x.dtype)
         return F.linear(x, (self.q.to(x.dtype) * self.scales.to(x.dtype)[:, None]))

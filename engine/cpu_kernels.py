@@ -19,7 +19,7 @@ log = logging.getLogger("pagedchat.kernels")
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
-                                                      "quant_matmul.c")]
+                                                      "quant_matmul.c", "argmax.c")]
 _HEADERS = [os.path.join(_CSRC, name) for name in ("bf16.h", "exp.h")]  # part of the build's cache key, not compiled alone
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
@@ -68,6 +68,8 @@ def _build() -> ctypes.CDLL | None:
     lib.silu_and_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     lib.int4_matmul.restype = ctypes.c_int
     lib.int4_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
+    lib.argmax_rows.restype = None
+    lib.argmax_rows.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
     lib.int8_matmul.restype = ctypes.c_int
     lib.int8_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     return lib
@@ -154,6 +156,14 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(*x.shape[:-1], n)
     _lib.silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * n), n, 0 if x.dtype == torch.float32 else 1,
                       torch.get_num_threads())
+    return out
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """The first maximum's index in each row of a contiguous CPU float32 [rows, n] (a NaN counts as
+    the maximum), as torch.argmax(dim=-1)."""
+    out = torch.empty(x.shape[0], dtype=torch.long)
+    _lib.argmax_rows(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
     return out
 
 

@@ -22,6 +22,24 @@ def test_greedy_is_argmax():
     assert sampler(x, reqs) == [1, 0]
 
 
+def test_our_argmax_is_torch_argmax_with_ties_nans_and_infinities():
+    from engine import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 7, 256, 1000, 49152):
+        x = torch.randn(9, n, generator=g)
+        x[1] = float("-inf")
+        x[2] = 0.5  # all tied: the first
+        x[3, n // 2] = x[3, n - 1] = 50.0  # a tie: the first
+        x[4, n - 1] = float("nan")  # NaN after the maximum still wins
+        x[5, n // 3] = float("nan")
+        x[5, n - 1] = float("nan")  # the first NaN
+        x[6, 0] = float("inf")
+        assert torch.equal(cpu_kernels.argmax_rows(x), x.argmax(dim=-1)), n
+
+
 def test_top_k_top_p_min_p_limit_the_candidates():
     logits = [2.0, 1.9, 1.8, 0.0, -1.0]
     assert draws(SamplingParams(temperature=1.0), logits) == {0, 1, 2, 3, 4}

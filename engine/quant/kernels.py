@@ -42,8 +42,16 @@ class QuantizedWeight:
     """The matmul a quantized Linear runs: y = x @ W^T without materialising W for small batches."""
     bits: int
     dense: DenseWeight | None
+    small_m: int  # rows up to which the packed kernel serves (packed_rows)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        small = packed_rows(x.shape[0], self.small_m) if self.dense is not None else x.shape[0]
+        if small == 0:
+            return self.dense(x)
+        y = self._packed_matmul(x[:small])
+        return y if small == x.shape[0] else torch.cat([y, self.dense(x[small:])])
+
+    def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     @property
@@ -54,7 +62,7 @@ class QuantizedWeight:
 class Int4Weight(QuantizedWeight):
     """w[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n], g = k // group_size; q in 0..15.
     `perm` (act-order checkpoints) reorders the input features so groups are contiguous.
-    On a CPU with AVX-512 BF16, few rows go through our kernel (engine/csrc/int4_matmul.c), else
+    On a CPU with AVX-512 BF16, few rows go through our kernel (engine/csrc/quant_matmul.c), else
     through torch's."""
     bits = 4
 
@@ -85,13 +93,6 @@ class Int4Weight(QuantizedWeight):
         if self.perm is not None:  # back to the checkpoint's input order
             w = w[:, torch.argsort(self.perm)]
         return w
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        small = packed_rows(x.shape[0], self.small_m) if self.dense is not None else x.shape[0]
-        if small == 0:
-            return self.dense(x)
-        y = self._packed_matmul(x[:small])
-        return y if small == x.shape[0] else torch.cat([y, self.dense(x[small:])])
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         xb = x if self.perm is None else x[:, self.perm]
@@ -126,13 +127,6 @@ class Int8Weight(QuantizedWeight):
         self.small_m = OUR_SMALL_M[8] if self.ours else SMALL_M
         self.dense = DenseWeight((q.float() * scales.float()[:, None]).to(dtype)) \
             if keep_dense and q.device.type == "cpu" else None
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        small = packed_rows(x.shape[0], self.small_m) if self.dense is not None else x.shape[0]
-        if small == 0:
-            return self.dense(x)
-        y = self._packed_matmul(x[:small])
-        return y if small == x.shape[0] else torch.cat([y, self.dense(x[small:])])
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.ours:

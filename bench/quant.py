@@ -1,7 +1,7 @@
 """Quantization benchmark: weight bytes, quality (mean NLL on a passage that is not the
 calibration text) and generated tokens/s at 1 and 32 sessions, for bf16, int8, int4, GGUF-Q4_1
 kept packed and our GPTQ, all on SmolLM2 in one process. Also the row count at which the packed
-kernels stop beating dense bf16 (the engine's SMALL_M).
+kernels stop beating dense bf16 (the engine's SMALL_M, OUR_SMALL_M where our C kernels run).
 
     python -m bench.quant [--concurrency 1 32] [--turns 2]
 """

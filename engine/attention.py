@@ -169,8 +169,8 @@ class PagedAttention(nn.Module):
         if cpu_kernels.supports(q):
             prefix = self._cascade_prefix(q, meta) if meta.shared is not None else None
             return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.row_block_tables,
-                                                      meta.row_seq_lens, self.scale, prefix=prefix,
-                                                      threads=meta.kernel_threads, out=out)
+                                                      meta.row_seq_lens, self.scale, out, prefix=prefix,
+                                                      threads=meta.kernel_threads)
         B, nb = meta.row_block_tables.shape
         bs = self.k_cache.shape[1]
         if meta.row_mask is None:  # the C kernel stops at each length itself and needs no mask

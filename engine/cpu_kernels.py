@@ -97,11 +97,10 @@ def supports(t: torch.Tensor) -> bool:
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           prefix: tuple | None = None, threads: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, H, D] (rows may be strided, heads contiguous) -> out [B, H, D] (contiguous; made if not
-    given); caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths.
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
+                           prefix: tuple | None = None, threads: int | None = None) -> torch.Tensor:
+    """q [B, H, D] (rows may be strided, heads contiguous) -> out [B, H, D] (contiguous), returned;
+    caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths.
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
     out[rows[b]], lse[rows[b]] (engine/attention.py's cascade). threads: None for torch's setting."""
@@ -111,12 +110,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError("paged_decode_attention supports at most 256 query heads")
     if not heads_contiguous(q):
         q = q.contiguous()
-    out = q.new_empty(B, H, D) if out is None else out
     starts, rows, prefix_out, prefix_lse = prefix or (None, None, None, None)
     failed = _lib.paged_decode_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
-        block_tables.shape[1], scale, 0 if q.dtype == torch.float32 else 1, threads or torch.get_num_threads())
+        block_tables.shape[1], scale, _dtype_code(q), threads or torch.get_num_threads())
     if failed:
         raise MemoryError("paged_decode_attention could not allocate its score buffer")
     return out
@@ -127,12 +125,17 @@ def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """k, v [T, Hkv, D] (rows may be strided, heads contiguous) into the caches' flat slots."""
     T, Hkv, D = k.shape
     _lib.kv_store(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                  slots.data_ptr(), T, Hkv * D, 0 if k.dtype == torch.float32 else 1)
+                  slots.data_ptr(), T, Hkv * D, _dtype_code(k))
 
 
 def heads_contiguous(x: torch.Tensor) -> bool:
     """[T, H, D] with each row's H * D elements contiguous."""
     return x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+def _dtype_code(t: torch.Tensor) -> int:
+    """The C kernels' dtype argument: 0 float32, 1 bfloat16."""
+    return 0 if t.dtype == torch.float32 else 1
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -146,7 +149,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     out = torch.empty_like(x)
     n = x.shape[-1]
     _lib.rms_norm(x.data_ptr(), _ptr(residual), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps,
-                  0 if x.dtype == torch.float32 else 1, torch.get_num_threads())
+                  _dtype_code(x), torch.get_num_threads())
     return out
 
 
@@ -154,7 +157,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SiLU of the first half of the last dim times the second half (contiguous CPU fp32 or bf16)."""
     n = x.shape[-1] // 2
     out = x.new_empty(*x.shape[:-1], n)
-    _lib.silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * n), n, 0 if x.dtype == torch.float32 else 1,
+    _lib.silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * n), n, _dtype_code(x),
                       torch.get_num_threads())
     return out
 
@@ -173,7 +176,7 @@ def rotary_neox(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
     cos, sin [max_positions, D/2] contiguous fp32; positions [T] int64."""
     T, Hq, D = q.shape
     _lib.rotary_neox(q.data_ptr(), k.data_ptr(), q.stride(0), k.stride(0), cos.data_ptr(), sin.data_ptr(),
-                     positions.data_ptr(), T, Hq, k.shape[1], D, 0 if q.dtype == torch.float32 else 1)
+                     positions.data_ptr(), T, Hq, k.shape[1], D, _dtype_code(q))
 
 
 def quant_matmul_supported() -> bool:

@@ -30,6 +30,11 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* 16 bf16 values as fp32. */
+ALWAYS_INLINE __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
 /* MR rows by NB blocks of 16 columns; MR and NB are constants at every call, so the accumulators
  * stay in registers. */
 ALWAYS_INLINE void tile4(const uint8_t *packed, const uint16_t *scales, const uint16_t *x, const float *xsum,
@@ -59,10 +64,7 @@ ALWAYS_INLINE void tile4(const uint8_t *packed, const uint16_t *scales, const ui
         }
         for (int b = 0; b < NB; b++) {
             const uint16_t *sz = scales + (((b0 + b) * G + g) * 2) * 16;
-            const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)sz)), 16));
-            const __m512 z = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(sz + 16))), 16));
+            const __m512 s = load16_bf16(sz), z = load16_bf16(sz + 16);
             const __m512 shift = _mm512_fmadd_ps(minus136, s, z); /* zero - 136 scale */
             for (int m = 0; m < MR; m++) {
                 total[m][b] = _mm512_fmadd_ps(part[m][b], s, total[m][b]);

@@ -39,7 +39,7 @@ class AttentionMetadata:
     row_mask: torch.Tensor | None = None  # torch path only, made by the first layer that needs it
     prefills: list[PrefillSeq] = field(default_factory=list)  # the other prompt chunks (SDPA)
     shared: SharedPrefix | None = None  # rows whose tables start with the same blocks (C kernel path)
-    kernel_threads: int | None = None  # the C decode kernel's threads (None: torch's setting)
+    kernel_threads: int | None = None  # the C decode kernel's threads (None: cpu_kernels.threads())
 
 
 @dataclass

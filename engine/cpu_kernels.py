@@ -19,12 +19,15 @@ log = logging.getLogger("pagedchat.kernels")
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
-                                                      "quant_matmul.c", "argmax.c")]
-_HEADERS = [os.path.join(_CSRC, name) for name in ("bf16.h", "exp.h")]  # part of the build's cache key, not compiled alone
-# fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful.
-_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp", "-shared", "-fPIC"]
+                                                      "quant_matmul.c", "argmax.c", "pool.c")]
+_HEADERS = [os.path.join(_CSRC, name) for name in ("bf16.h", "exp.h", "pool.h")]  # part of the build's cache key, not compiled alone
+# fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
+# only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
+_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-pthread", "-shared",
+          "-fPIC"]
 _lib: ctypes.CDLL | None = None
 _tried = False
+_threads = len(os.sched_getaffinity(0))
 _lock = threading.Lock()
 
 
@@ -92,6 +95,18 @@ def available() -> bool:
     return _lib is not None
 
 
+def set_threads(n: int) -> None:
+    """How many threads our kernels split their work over (the engine's num_threads). Independent of
+    torch's setting, which the model runner lowers to one for few-row steps: waking torch's sleeping
+    threads costs more than those ops, while ours stay warm through a step (csrc/pool.c)."""
+    global _threads
+    _threads = max(1, int(n))
+
+
+def threads() -> int:
+    return _threads
+
+
 def supports(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16) and available()
 
@@ -103,7 +118,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths.
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
-    out[rows[b]], lse[rows[b]] (engine/attention.py's cascade). threads: None for torch's setting."""
+    out[rows[b]], lse[rows[b]] (engine/attention.py's cascade). threads: None for set_threads'."""
     B, H, D = q.shape
     _, block_size, Hkv, _ = k_cache.shape
     if H > 256:
@@ -114,7 +129,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     failed = _lib.paged_decode_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
-        block_tables.shape[1], scale, _dtype_code(q), threads or torch.get_num_threads())
+        block_tables.shape[1], scale, _dtype_code(q), threads or _threads)
     if failed:
         raise MemoryError("paged_decode_attention could not allocate its score buffer")
     return out
@@ -149,7 +164,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     out = torch.empty_like(x)
     n = x.shape[-1]
     _lib.rms_norm(x.data_ptr(), _ptr(residual), weight.data_ptr(), out.data_ptr(), x.numel() // n, n, eps,
-                  _dtype_code(x), torch.get_num_threads())
+                  _dtype_code(x), _threads)
     return out
 
 
@@ -158,7 +173,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[-1] // 2
     out = x.new_empty(*x.shape[:-1], n)
     _lib.silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * n), n, _dtype_code(x),
-                      torch.get_num_threads())
+                      _threads)
     return out
 
 
@@ -166,7 +181,7 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """The first maximum's index in each row of a contiguous CPU float32 [rows, n] (a NaN counts as
     the maximum), as torch.argmax(dim=-1)."""
     out = torch.empty(x.shape[0], dtype=torch.long)
-    _lib.argmax_rows(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
+    _lib.argmax_rows(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], _threads)
     return out
 
 
@@ -213,7 +228,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gro
     M, K = x.shape
     y = x.new_empty(M, packed.shape[0] * 16)
     if _lib.int4_matmul(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
-                        group_size, torch.get_num_threads()):
+                        group_size, _threads):
         raise MemoryError("int4_matmul could not allocate")
     return y
 
@@ -224,7 +239,7 @@ def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> 
     M, K = x.shape
     y = x.new_empty(M, packed.shape[0] * 16)
     _lib.int8_matmul(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
-                     torch.get_num_threads())
+                     _threads)
     return y
 
 

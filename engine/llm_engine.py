@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine import cpu_kernels
 from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, sampling_defaults
 from engine.client import ContextLengthError, EngineOverloadedError, ModelInfo
 from engine.config import EngineConfig, kv_disk_folder
@@ -46,6 +47,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         torch.set_num_threads(config.resolved_threads())
+        cpu_kernels.set_threads(config.resolved_threads())
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
         t0 = time.perf_counter()

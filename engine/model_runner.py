@@ -16,11 +16,13 @@ from engine.attention import AttentionMetadata, PrefillSeq, find_shared_prefix, 
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.sampler import Sampler
 
-# Few rows through a small model's layers: one thread. Waking a second thread costs more than it
-# saves on matrices this small (measured here, 2 cores, SmolLM2-135M, decode steps: batch 1 23 -> 19.5
-# ms, batch 8 50 -> 43 ms, batch 4 even; on 2048x5632 two threads win already at one row). The LM
-# head, the largest matrix, always gets every thread.
-ONE_THREAD_ROWS = 8
+# Few rows through a small model's layers: torch's ops on one thread. Waking its sleeping threads
+# costs more than they save on matrices this small (measured here, 2 cores, SmolLM2-135M, decode steps:
+# batch 1 23 -> 19.5 ms, batch 8 50 -> 43 ms; on 2048x5632 two threads win already at one row). Our
+# kernels, which carry the weight of such steps, keep their own warm threads (cpu_kernels.set_threads):
+# with them steps of 8-32 rows took the same or 1-3% less at 32 than at 16 or 8. The LM head, the
+# largest matrix, always gets every thread.
+ONE_THREAD_ROWS = 32
 ONE_THREAD_MAX_WEIGHTS = 4 * 2**20  # a model qualifies when its largest Linear has fewer weights
 # Decode attention is split over threads from this many context tokens in the step, whatever the
 # rest does (measured: 8 sequences of ~600 tokens, 220 us a layer on one thread; one of 100, 18 us on
@@ -202,7 +204,7 @@ class ModelRunner:
             lens = torch.tensor(row_lens, dtype=torch.long, device=dev)
             meta.row_block_tables, meta.row_seq_lens = table, lens
             if dev.type == "cpu":
-                meta.kernel_threads = torch.get_num_threads() if sum(row_lens) >= PARALLEL_ATTENTION_TOKENS else 1
+                meta.kernel_threads = cpu_kernels.threads() if sum(row_lens) >= PARALLEL_ATTENTION_TOKENS else 1
                 meta.shared = find_shared_prefix(table, lens, bs, row_hashes)
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)

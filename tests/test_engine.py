@@ -147,7 +147,7 @@ def test_few_rows_run_the_layers_on_one_thread_and_the_lm_head_on_all(tiny_model
                         lambda *a: seen.append(("layers", torch.get_num_threads())) or layer_forward(*a))
     monkeypatch.setattr(model, "compute_logits", lambda h: seen.append(("head", torch.get_num_threads())) or head(h))
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    prompts = [[100 + i] * 40 for i in range(model_runner.ONE_THREAD_ROWS + 1)]
+    prompts = [[100 + i] * 8 for i in range(model_runner.ONE_THREAD_ROWS + 1)]  # all prefill in one step
     llm.generate(prompts[:1], params)
     assert ("layers", 1) in seen and ("head", 2) in seen and ("head", 1) not in seen
     assert torch.get_num_threads() == 2

@@ -72,6 +72,35 @@ def test_our_int8_kernel_against_fp64_and_batch_invariant(n):
         assert torch.equal(y, alone[:m])
 
 
+@pytest.mark.skipif(not cpu_kernels.quant_matmul_supported(), reason="our kernels need AVX-512 BF16")
+def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent_callers(monkeypatch):
+    """Our thread pool (csrc/pool.c): one thread or four, and four Python threads calling at once
+    (all but one find the pool busy and run their parts themselves), compute the same bits."""
+    import threading
+
+    g = torch.Generator().manual_seed(5)
+    q, scales, zeros = quantize_int4(torch.randn(512, 576, generator=g), 32)
+    packed, sz = cpu_kernels.int4_pack(q, scales, zeros)
+    xs = [torch.randn(8, 576, generator=g).bfloat16() for _ in range(4)]
+    monkeypatch.setattr(cpu_kernels, "_threads", 1)
+    serial = [cpu_kernels.int4_matmul(x, packed, sz, 32) for x in xs]
+    monkeypatch.setattr(cpu_kernels, "_threads", 4)
+    assert all(torch.equal(cpu_kernels.int4_matmul(x, packed, sz, 32), y) for x, y in zip(xs, serial))
+    wrong = []
+
+    def hammer(i: int) -> None:
+        for _ in range(200):
+            if not torch.equal(cpu_kernels.int4_matmul(xs[i], packed, sz, 32), serial[i]):
+                wrong.append(i)
+
+    callers = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    assert not wrong
+
+
 def test_int4_act_order_permutation_is_undone():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(32, 128, generator=g)

@@ -8,10 +8,18 @@
 #include <math.h>
 #include <stdint.h>
 
-void argmax_rows(const float *x, int64_t *out, int64_t rows, int64_t n, int threads) {
-#pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 21))
-    for (int64_t r = 0; r < rows; r++) {
-        const float *row = x + r * n;
+#include "pool.h"
+
+struct job {
+    const float *x;
+    int64_t *out, rows, n;
+};
+
+static void argmax_part(void *ctx, int part, int parts) {
+    const struct job *j = ctx;
+    const int64_t n = j->n;
+    for (int64_t r = j->rows * part / parts; r < j->rows * (part + 1) / parts; r++) {
+        const float *row = j->x + r * n;
         float m = -INFINITY;
         int nan = 0;
 #pragma omp simd reduction(max : m) reduction(| : nan)
@@ -30,6 +38,11 @@ void argmax_rows(const float *x, int64_t *out, int64_t rows, int64_t n, int thre
                 break;
             }
         }
-        out[r] = at;
+        j->out[r] = at;
     }
+}
+
+void argmax_rows(const float *x, int64_t *out, int64_t rows, int64_t n, int threads) {
+    struct job j = {x, out, rows, n};
+    pool_run(rows * n < (1 << 18) ? 1 : rows < threads ? (int)rows : threads, argmax_part, &j);
 }

@@ -19,12 +19,14 @@
  * normalised) and prefix_lse[prefix_row[b]] ([H], the log of its softmax denominator).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bf16.h"
 #include "exp.h"
+#include "pool.h"
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -207,26 +209,45 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     return 0;
 }
 
+struct job {
+    const void *q, *k_cache, *v_cache;
+    void *out;
+    const int64_t *block_tables, *seq_lens, *starts, *prefix_row;
+    const float *prefix_out, *prefix_lse;
+    int64_t q_stride;
+    int B, H, Hkv, D, block_size, max_blocks, dtype, split;
+    float scale;
+    atomic_int next, failed; /* tasks are taken in turn: sequences differ in length */
+};
+
+static void attend_tasks(void *ctx, int part, int parts) {
+    (void)part, (void)parts;
+    struct job *j = ctx;
+    const int per = j->Hkv / j->split;
+    const int64_t size = j->dtype == 0 ? 4 : 2;
+    for (int task; (task = atomic_fetch_add(&j->next, 1)) < j->B * j->split;) {
+        const int b = task / j->split, h0 = (task % j->split) * per;
+        const int64_t p = j->prefix_row ? j->prefix_row[b] : -1;
+        if (attend((const char *)j->q + b * j->q_stride * size, j->k_cache, j->v_cache,
+                   (char *)j->out + b * j->H * j->D * size, p >= 0 ? j->prefix_out + p * j->H * j->D : NULL,
+                   p >= 0 ? j->prefix_lse + p * j->H : NULL, j->block_tables + (int64_t)b * j->max_blocks,
+                   j->starts ? j->starts[b] : 0, j->seq_lens[b], h0, h0 + per, j->H, j->Hkv, j->D, j->block_size,
+                   j->scale, j->dtype))
+            atomic_store(&j->failed, 1);
+    }
+}
+
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, void *out,
                            const int64_t *block_tables, const int64_t *seq_lens, const int64_t *starts,
                            const int64_t *prefix_row, const float *prefix_out, const float *prefix_lse, int B,
                            int H, int Hkv, int D, int block_size, int max_blocks, float scale, int dtype,
                            int threads) {
-    /* Enough sequences: one task each, all heads (contiguous reads). Few: split by kv head too. */
-    const int split = B >= 2 * threads ? 1 : Hkv;
-    const int per = Hkv / split;
-    const int64_t size = dtype == 0 ? 4 : 2;
-    int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(| : failed)
-    for (int task = 0; task < B * split; task++) {
-        int b = task / split, h0 = (task % split) * per;
-        const int64_t p = prefix_row ? prefix_row[b] : -1;
-        failed |= attend((const char *)q + b * q_stride * size, k_cache, v_cache, (char *)out + b * H * D * size,
-                         p >= 0 ? prefix_out + p * H * D : NULL, p >= 0 ? prefix_lse + p * H : NULL,
-                         block_tables + (int64_t)b * max_blocks, starts ? starts[b] : 0, seq_lens[b], h0, h0 + per,
-                         H, Hkv, D, block_size, scale, dtype);
-    }
-    return failed;
+    struct job j = {q, k_cache, v_cache, out, block_tables, seq_lens, starts, prefix_row, prefix_out, prefix_lse,
+                    q_stride, B, H, Hkv, D, block_size, max_blocks, dtype,
+                    /* Enough sequences: one task each, all heads (contiguous reads). Few: split by kv head too. */
+                    B >= 2 * threads ? 1 : Hkv, scale, 0, 0};
+    pool_run(threads, attend_tasks, &j);
+    return atomic_load(&j.failed);
 }
 
 /* The new tokens' K and V rows (row strides k_stride, v_stride elements; each row W contiguous

@@ -14,13 +14,25 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "pool.h"
 
-void rms_norm(const void *x, void *residual, const void *weight, void *out, int64_t rows, int n, float eps,
-              int dtype, int threads) {
-#pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 20))
-    for (int64_t r = 0; r < rows; r++) {
+struct job {
+    const void *x, *weight;
+    void *residual, *out;
+    int64_t rows;
+    int n, dtype;
+    float eps;
+};
+
+static void norm_rows(void *ctx, int part, int parts) {
+    const struct job *j = ctx;
+    const void *x = j->x, *weight = j->weight;
+    void *residual = j->residual, *out = j->out;
+    const int n = j->n;
+    const float eps = j->eps;
+    for (int64_t r = j->rows * part / parts; r < j->rows * (part + 1) / parts; r++) {
         float sum = 0.f;
-        if (dtype == 0) {
+        if (j->dtype == 0) {
             const float *xr = (const float *)x + r * n, *w = weight;
             float *o = (float *)out + r * n;
             if (residual) {
@@ -49,4 +61,10 @@ void rms_norm(const void *x, void *residual, const void *weight, void *out, int6
             for (int i = 0; i < n; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * inv)));
         }
     }
+}
+
+void rms_norm(const void *x, void *residual, const void *weight, void *out, int64_t rows, int n, float eps,
+              int dtype, int threads) {
+    struct job j = {x, weight, residual, out, rows, n, dtype, eps};
+    pool_run(rows * n >= (1 << 20) ? threads : 1, norm_rows, &j);
 }

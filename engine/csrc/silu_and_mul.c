@@ -10,11 +10,22 @@
 
 #include "bf16.h"
 #include "exp.h"
+#include "pool.h"
 
-void silu_and_mul(const void *x, void *out, int64_t rows, int n, int dtype, int threads) {
-#pragma omp parallel for num_threads(threads) if (rows * n >= (1 << 17))
-    for (int64_t r = 0; r < rows; r++) {
-        if (dtype == 0) {
+struct job {
+    const void *x;
+    void *out;
+    int64_t rows;
+    int n, dtype;
+};
+
+static void silu_rows(void *ctx, int part, int parts) {
+    const struct job *j = ctx;
+    const void *x = j->x;
+    void *out = j->out;
+    const int n = j->n;
+    for (int64_t r = j->rows * part / parts; r < j->rows * (part + 1) / parts; r++) {
+        if (j->dtype == 0) {
             const float *g = (const float *)x + r * 2 * n, *u = g + n;
             float *o = (float *)out + r * n;
 #pragma omp simd
@@ -29,4 +40,9 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int n, int dtype, int 
             }
         }
     }
+}
+
+void silu_and_mul(const void *x, void *out, int64_t rows, int n, int dtype, int threads) {
+    struct job j = {x, out, rows, n, dtype};
+    pool_run(rows * n >= (1 << 17) ? threads : 1, silu_rows, &j);
 }

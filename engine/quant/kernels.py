@@ -19,11 +19,11 @@ from engine.dense import DenseWeight
 # engine, not on one matrix: a lone matrix sits in cache and favours dense already at 2 rows, but a
 # step streams every weight from memory, and bf16 is 4x the bytes (SMALL_M = 1: batch-2 steps 20 -> 35 ms).
 SMALL_M = 4
-# The same for our kernels (engine/csrc/quant_matmul.c), measured on one weight set streamed from
-# memory (SmolLM2's 120 linears, one thread): 4-bit 14 ms at 8 rows against 21 for dense bf16, 26.5
-# against 28.6 at 16, slower from 24; 8-bit (the 49152x576 LM head, two threads) 2.6 against 2.7 ms
-# at 8 rows, slower at 16 (its widening through fp32 costs more per weight than the nibbles' OR).
-OUR_SMALL_M = {4: 16, 8: 8}
+# The same for our kernels (engine/csrc/quant_matmul.c, on two warm threads), measured as decode
+# steps of the default model (median ms, ours vs dense for the 4-bit layers): 24 rows 40 vs 53, 32 rows
+# 50 vs 61, 48 rows 67 vs 76, 64 rows 87 vs 92; 8-bit (the 49152x576 LM head) 2.6 against 2.7 ms at 8
+# rows, slower at 16 (its widening through fp32 costs more per weight than the nibbles' OR).
+OUR_SMALL_M = {4: 64, 8: 8}
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 

@@ -1,0 +1,10 @@
+/* pool_run(parts, fn, ctx) calls fn(ctx, part, parts) for part = 0 .. parts-1, part 0 on the
+ * calling thread and the others on warm worker threads (pool.c); returns when all are done. */
+#ifndef PAGEDCHAT_POOL_H
+#define PAGEDCHAT_POOL_H
+
+typedef void (*pool_task)(void *ctx, int part, int parts);
+
+void pool_run(int parts, pool_task fn, void *ctx);
+
+#endif

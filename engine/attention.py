@@ -52,12 +52,13 @@ class SharedPrefix:
     content: tuple  # (chain hash of the last shared block, block ids): names the K/V, reused across steps
 
 
-# Measured (bench/attention.py, SmolLM2's heads, bf16): with the vectorised per-sequence kernel the
-# cascade pays only for long prefixes shared by many rows: a 304-token prefix lost at every batch
-# (0.71x at 64 rows; a short prefix's K/V stays in cache for the per-sequence kernel anyway), a
-# 2048-token one won 1.07x at 32 rows and 1.18x at 48-64.
+# Measured (bench/attention.py, SmolLM2's heads, bf16): since the per-sequence kernel's P.V product
+# runs on bf16 pair dot products the cascade loses at every size measured here: 304-token prefix
+# 0.52x at 64 rows, 2048 tokens 0.88x at 32 rows and 0.96x at 64, 4096 tokens 0.94x at 64. It stays
+# for prefixes longer still (a shared prefix's cost grows with its length, the cascade's matrix
+# product amortises it over rows), from 8192 tokens shared by 32 rows.
 MIN_SHARING_ROWS = 32
-MIN_SHARED_TOKENS = 1024
+MIN_SHARED_TOKENS = 8192
 
 
 def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,

@@ -79,43 +79,60 @@ static void scores_bf16(const uint16_t *q, const uint16_t *k_cache, const int64_
 }
 
 /* Pass 2 for the same case with D == 64: the outputs of `rows` query rows of one kv head (at most
- * 4: 16 registers) stay in registers while the head's V rows stream by, each converted once for
- * all of them. `rows` is a constant where it is called, so the loops over it unroll. */
+ * 4: 16 registers) stay in registers while the head's V rows stream by, two tokens at a time: their
+ * rows interleaved into bf16 pairs meet each query row's two probabilities (rounded to bf16, as
+ * flash attention does for its P.V product) in one pair dot product, fp32 accumulation. The pairs
+ * leave the outputs' lanes in the order d = 8l + k (l a 128-bit lane) then 8l + 4 + k; they are put
+ * back at the end. `rows` is a constant where it is called, so the loops over it unroll.
+ * Measured (bench/attention.py, batch 64): ... */
 static inline __attribute__((always_inline)) void values_d64_rows(const uint16_t *v_head, const int64_t *table,
                                                                   int64_t L, int Hkv, int block_size,
-                                                                  const float *p, int rows, float *out) {
+                                                                  const uint16_t *p, int64_t Lp, int rows,
+                                                                  float *out) {
     __m512 a[4][4];
     for (int g = 0; g < rows; g++)
         for (int j = 0; j < 4; j++) a[g][j] = _mm512_setzero_ps();
+    const int64_t stride = (int64_t)Hkv * 64;
     for (int64_t t0 = 0; t0 < L; t0 += block_size) {
         const int n = L - t0 < block_size ? (int)(L - t0) : block_size;
-        const uint16_t *v0 = v_head + table[t0 / block_size] * block_size * Hkv * 64;
-        for (int t = 0; t < n; t++) {
-            const uint16_t *vr = v0 + (int64_t)t * Hkv * 64;
-            __m512 v[4];
-            for (int j = 0; j < 4; j++)
-                v[j] = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const void *)(vr + 16 * j)));
+        const uint16_t *v0 = v_head + table[t0 / block_size] * block_size * stride;
+        for (int t = 0; t < n; t += 2) {
+            const uint16_t *va = v0 + t * stride;
+            const __m512i a0 = _mm512_loadu_si512(va), a1 = _mm512_loadu_si512(va + 32);
+            __m512i b0 = _mm512_setzero_si512(), b1 = b0; /* past the end: zeros, not whatever the slot holds */
+            if (t + 1 < n) b0 = _mm512_loadu_si512(va + stride), b1 = _mm512_loadu_si512(va + stride + 32);
+            const __m512bh w[4] = {(__m512bh)_mm512_unpacklo_epi16(a0, b0), (__m512bh)_mm512_unpackhi_epi16(a0, b0),
+                                   (__m512bh)_mm512_unpacklo_epi16(a1, b1), (__m512bh)_mm512_unpackhi_epi16(a1, b1)};
             for (int g = 0; g < rows; g++) {
-                const __m512 w = _mm512_set1_ps(p[(size_t)g * L + t0 + t]);
-                for (int j = 0; j < 4; j++) a[g][j] = _mm512_fmadd_ps(w, v[j], a[g][j]);
+                const __m512bh pair = (__m512bh)_mm512_set1_epi32(*(const int32_t *)(p + g * Lp + t0 + t));
+                for (int j = 0; j < 4; j++) a[g][j] = _mm512_dpbf16_ps(a[g][j], w[j], pair);
             }
         }
     }
-    for (int g = 0; g < rows; g++)
-        for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + g * 64 + 16 * j, a[g][j]);
+    for (int g = 0; g < rows; g++) {
+        float lanes[64];
+        for (int j = 0; j < 4; j++) _mm512_storeu_ps(lanes + 16 * j, a[g][j]);
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 16; i++) out[g * 64 + 32 * (j / 2) + 8 * (i / 4) + 4 * (j % 2) + i % 4] = lanes[16 * j + i];
+    }
 }
 
 static void values_bf16_d64(const uint16_t *v_cache, const int64_t *table, int64_t L, int h0, int nh, int G,
-                            int Hkv, int block_size, const float *scores, float *acc) {
+                            int Hkv, int block_size, const float *scores, uint16_t *probs, float *acc) {
+    const int64_t Lp = L + (L & 1);
+    for (int r = 0; r < nh * G; r++) { /* each row's probabilities in bf16, padded to a whole pair */
+        for (int64_t t = 0; t < L; t++) probs[r * Lp + t] = f32_to_bf16(scores[(size_t)r * L + t]);
+        if (L & 1) probs[r * Lp + L] = 0;
+    }
     for (int hh = 0; hh < nh; hh++) {
         const uint16_t *v_head = v_cache + (int64_t)(h0 + hh) * 64;
         for (int g = hh * G; g < (hh + 1) * G; g += 4) {
-            const float *p = scores + (size_t)g * L;
+            const uint16_t *p = probs + g * Lp;
             switch ((hh + 1) * G - g) {
-            case 1: values_d64_rows(v_head, table, L, Hkv, block_size, p, 1, acc + g * 64); break;
-            case 2: values_d64_rows(v_head, table, L, Hkv, block_size, p, 2, acc + g * 64); break;
-            case 3: values_d64_rows(v_head, table, L, Hkv, block_size, p, 3, acc + g * 64); break;
-            default: values_d64_rows(v_head, table, L, Hkv, block_size, p, 4, acc + g * 64); break;
+            case 1: values_d64_rows(v_head, table, L, Hkv, block_size, p, Lp, 1, acc + g * 64); break;
+            case 2: values_d64_rows(v_head, table, L, Hkv, block_size, p, Lp, 2, acc + g * 64); break;
+            case 3: values_d64_rows(v_head, table, L, Hkv, block_size, p, Lp, 3, acc + g * 64); break;
+            default: values_d64_rows(v_head, table, L, Hkv, block_size, p, Lp, 4, acc + g * 64); break;
             }
         }
     }
@@ -142,7 +159,8 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     table += start / block_size;
     const int G = H / Hkv, nh = h1 - h0, R = nh * G; /* query rows handled here */
     const int W = nh * D;                               /* floats of one token's K (or V) row */
-    float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W));
+    /* scores [R, L], q and acc [R, D], one K/V row, then the probabilities in bf16 [R, L + 1] */
+    float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W) + sizeof(uint16_t) * R * (L + 1));
     if (!scores) return 1;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
     for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
@@ -175,7 +193,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     }
 #if defined(__AVX512BF16__)
     if (dtype == 1 && D == 64)
-        values_bf16_d64(v_cache, table, L, h0, nh, G, Hkv, block_size, scores, acc);
+        values_bf16_d64(v_cache, table, L, h0, nh, G, Hkv, block_size, scores, (uint16_t *)(row + W), acc);
     else
 #endif
     {

@@ -113,15 +113,19 @@ ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const uint16
     else tile8(packed, scales, x, y, b0, m0, K, N, MR, NB);
 }
 
-/* Blocks [b0, b0 + nb) for every row: chunks of 8 rows one block at a time, fewer rows over more
+/* Blocks [b0, b0 + nb) for every row: chunks of 8 rows one block at a time (block by block, all
+ * chunks: 24-48 rows of SmolLM2's linears streamed 10-25% faster than chunk by chunk), fewer rows over more
  * blocks at once (about the same count of independent accumulators; one row over 8 blocks streamed
  * SmolLM2's 4-bit weights at 10.8 GB/s against 8.6 over 4). */
 ALWAYS_INLINE void columns(const void *packed, const void *scales, const uint16_t *x, const float *xsum,
                            uint16_t *y, int64_t b0, int nb, int M, int K, int G, int group, int N, const int BITS) {
 #define TILE(MR, NB) any_tile(packed, scales, x, xsum, y, b0 + b, m, K, G, group, N, MR, NB, BITS)
     int m = 0;
-    for (; m + 8 <= M; m += 8)
-        for (int b = 0; b < nb; b++) TILE(8, 1);
+    if (M >= 8) { /* each block's weights stay in L1 while every chunk of 8 rows takes them */
+        for (int b = 0; b < nb; b++)
+            for (m = 0; m + 8 <= M; m += 8) TILE(8, 1);
+        m = M - M % 8;
+    }
     for (; m + 4 <= M; m += 4) {
         int b = 0;
         for (; b + 2 <= nb; b += 2) TILE(4, 2);

@@ -1,7 +1,7 @@
 /* SiLU(gate) * up for the CPU, one pass, with torch's arithmetic in the model's dtype: silu computed
  * in fp32 and rounded, then the product rounded. torch takes three ops and a temporary for it.
- * Two threads pay from ~128 rows of 1536 (measured: 64 rows 86 us on one, 120 on two; 128 rows 166
- * against 133), so smaller batches run on one.
+ * On the pool's warm threads (pool.c) two pay from a few rows (measured, rows of 1536: 8 rows 13.4 us on
+ * one, 8.8 on two; 64 rows 85 against 46).
  *
  * x [rows, 2n] (gate then up, contiguous), out [rows, n]; dtype: 0 = float32, 1 = bfloat16.
  */
@@ -44,5 +44,5 @@ static void silu_rows(void *ctx, int part, int parts) {
 
 void silu_and_mul(const void *x, void *out, int64_t rows, int n, int dtype, int threads) {
     struct job j = {x, out, rows, n, dtype};
-    pool_run(rows * n >= (1 << 17) ? threads : 1, silu_rows, &j);
+    pool_run(rows * n >= (1 << 12) ? threads : 1, silu_rows, &j);
 }

@@ -76,7 +76,7 @@ def test_our_int8_kernel_against_fp64_and_batch_invariant(n):
 def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent_callers(monkeypatch):
     """Our thread pool (csrc/pool.c): one thread or four, and four Python threads calling at once
     (all but one find the pool busy and run their parts themselves), compute the same bits."""
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
 
     g = torch.Generator().manual_seed(5)
     q, scales, zeros = quantize_int4(torch.randn(512, 576, generator=g), 32)
@@ -86,19 +86,12 @@ def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent
     serial = [cpu_kernels.int4_matmul(x, packed, sz, 32) for x in xs]
     monkeypatch.setattr(cpu_kernels, "_threads", 4)
     assert all(torch.equal(cpu_kernels.int4_matmul(x, packed, sz, 32), y) for x, y in zip(xs, serial))
-    wrong = []
 
-    def hammer(i: int) -> None:
-        for _ in range(200):
-            if not torch.equal(cpu_kernels.int4_matmul(xs[i], packed, sz, 32), serial[i]):
-                wrong.append(i)
+    def wrong_results(i: int) -> int:
+        return sum(not torch.equal(cpu_kernels.int4_matmul(xs[i], packed, sz, 32), serial[i]) for _ in range(200))
 
-    callers = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
-    for t in callers:
-        t.start()
-    for t in callers:
-        t.join()
-    assert not wrong
+    with ThreadPoolExecutor(4) as callers:
+        assert sum(callers.map(wrong_results, range(4))) == 0
 
 
 def test_int4_act_order_permutation_is_undone():

@@ -18,7 +18,7 @@ struct job {
 static void argmax_part(void *ctx, int part, int parts) {
     const struct job *j = ctx;
     const int64_t n = j->n;
-    for (int64_t r = j->rows * part / parts; r < j->rows * (part + 1) / parts; r++) {
+    for (int64_t r = pool_share(j->rows, part, parts), last = pool_share(j->rows, part + 1, parts); r < last; r++) {
         const float *row = j->x + r * n;
         float m = -INFINITY;
         int nan = 0;

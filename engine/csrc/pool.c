@@ -92,8 +92,8 @@ static int start_workers(int wanted) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int failed = pthread_create(&t, &attr, worker,
-                                          (void *)((uintptr_t)(pool.workers + 1) << 32 | atomic_load(&pool.generation)));
+        const uintptr_t arg = (uintptr_t)(pool.workers + 1) << 32 | atomic_load(&pool.generation); /* id, generation */
+        const int failed = pthread_create(&t, &attr, worker, (void *)arg);
         pthread_attr_destroy(&attr);
         if (failed) break;
     }

@@ -150,20 +150,18 @@ struct job {
     const uint16_t *x;
     const float *xsum;
     void *y;
-    int M, K, G, group, N;
+    int M, K, G, group, N, bits;
 };
 
 /* Each part takes an even share of the 16-column blocks (sums run the same whatever the split). */
-static void part4(void *ctx, int part, int parts) {
+static void columns_part(void *ctx, int part, int parts) {
     const struct job *j = ctx;
-    const int64_t blocks = j->N / 16, b0 = blocks * part / parts, b1 = blocks * (part + 1) / parts;
-    columns(j->packed, j->scales, j->x, j->xsum, j->y, b0, (int)(b1 - b0), j->M, j->K, j->G, j->group, j->N, 4);
-}
-
-static void part8(void *ctx, int part, int parts) {
-    const struct job *j = ctx;
-    const int64_t blocks = j->N / 16, b0 = blocks * part / parts, b1 = blocks * (part + 1) / parts;
-    columns(j->packed, j->scales, j->x, j->xsum, j->y, b0, (int)(b1 - b0), j->M, j->K, j->G, j->group, j->N, 8);
+    const int64_t b0 = pool_share(j->N / 16, part, parts), nb = pool_share(j->N / 16, part + 1, parts) - b0;
+#define COLUMNS(BITS) \
+    columns(j->packed, j->scales, j->x, j->xsum, j->y, b0, (int)nb, j->M, j->K, j->G, j->group, j->N, BITS)
+    if (j->bits == 4) COLUMNS(4); /* a constant at each call: the tiles unroll for it */
+    else COLUMNS(8);
+#undef COLUMNS
 }
 
 /* A second thread pays from ~THREADS_FROM multiply-adds: the pool's threads are warm (measured, one
@@ -172,10 +170,10 @@ static void part8(void *ctx, int part, int parts) {
 
 static void run(const void *packed, const void *scales, const uint16_t *x, const float *xsum, void *y, int M, int K,
                 int G, int group, int N, int threads, int bits) {
-    struct job j = {packed, scales, x, xsum, y, M, K, G, group, N};
+    struct job j = {packed, scales, x, xsum, y, M, K, G, group, N, bits};
     if ((int64_t)M * N * K < THREADS_FROM) threads = 1;
     if (threads > N / 16) threads = N / 16;
-    pool_run(threads, bits == 4 ? part4 : part8, &j);
+    pool_run(threads, columns_part, &j);
 }
 
 int int4_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,

@@ -30,7 +30,7 @@ static void norm_rows(void *ctx, int part, int parts) {
     void *residual = j->residual, *out = j->out;
     const int n = j->n;
     const float eps = j->eps;
-    for (int64_t r = j->rows * part / parts; r < j->rows * (part + 1) / parts; r++) {
+    for (int64_t r = pool_share(j->rows, part, parts), end = pool_share(j->rows, part + 1, parts); r < end; r++) {
         float sum = 0.f;
         if (j->dtype == 0) {
             const float *xr = (const float *)x + r * n, *w = weight;

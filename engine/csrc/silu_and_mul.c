@@ -24,7 +24,7 @@ static void silu_rows(void *ctx, int part, int parts) {
     const void *x = j->x;
     void *out = j->out;
     const int n = j->n;
-    for (int64_t r = j->rows * part / parts; r < j->rows * (part + 1) / parts; r++) {
+    for (int64_t r = pool_share(j->rows, part, parts), end = pool_share(j->rows, part + 1, parts); r < end; r++) {
         if (j->dtype == 0) {
             const float *g = (const float *)x + r * 2 * n, *u = g + n;
             float *o = (float *)out + r * n;

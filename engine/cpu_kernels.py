@@ -19,7 +19,8 @@ log = logging.getLogger("pagedchat.kernels")
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
-                                                      "quant_matmul.c", "argmax.c", "pool.c")]
+                                                      "quant_matmul.c", "quant_matmul_f32.c", "argmax.c",
+                                                      "pool.c")]
 _HEADERS = [os.path.join(_CSRC, name) for name in ("bf16.h", "exp.h", "pool.h")]  # part of the build's cache key, not compiled alone
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
 # only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
@@ -75,6 +76,10 @@ def _build() -> ctypes.CDLL | None:
     lib.argmax_rows.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
     lib.int8_matmul.restype = ctypes.c_int
     lib.int8_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    lib.int4_matmul_f32.restype = ctypes.c_int
+    lib.int4_matmul_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
+    lib.int8_matmul_f32.restype = ctypes.c_int
+    lib.int8_matmul_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     return lib
 
 
@@ -194,55 +199,76 @@ def rotary_neox(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
                      positions.data_ptr(), T, Hq, k.shape[1], D, _dtype_code(q))
 
 
-def quant_matmul_supported() -> bool:
-    """Whether int4_matmul / int8_matmul run here (they need AVX-512 BF16; elsewhere they decline)."""
-    global _quant_ok
-    if _quant_ok is None:
-        _quant_ok = available() and _lib.int4_matmul(None, None, None, None, 0, 0, 0, 4, 1) == 0
-    return _quant_ok
+def quant_matmul_dtypes() -> tuple[torch.dtype, ...]:
+    """The activation dtypes our 4-/8-bit kernels take on this CPU: bfloat16 needs AVX-512 BF16
+    (csrc/quant_matmul.c), float32 AVX2 with FMA (csrc/quant_matmul_f32.c); empty: torch's kernels."""
+    global _quant_dtypes
+    if _quant_dtypes is None:
+        ok = available()
+        _quant_dtypes = tuple(dtype for dtype, fn in ((torch.bfloat16, "int4_matmul"), (torch.float32, "int4_matmul_f32"))
+                              if ok and getattr(_lib, fn)(None, None, None, None, 0, 0, 0, 4, 1) == 0)
+    return _quant_dtypes
 
 
-_quant_ok: bool | None = None
+def quant_kernel_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """Which of our kernels serves a model of `dtype`: its own where there is one, else the fp32 one
+    (its rows converted), else None (torch's kernels)."""
+    dtypes = quant_matmul_dtypes()
+    return dtype if dtype in dtypes else torch.float32 if torch.float32 in dtypes else None
 
 
-def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [N, K] in 0..15, scales and zeros [G, N] (w = (q - 8) * scale + zero) -> int4_matmul's
-    (packed [N/16, K/4, 32] uint8, scales [N/16, G, 2, 16] bf16); see csrc/quant_matmul.c."""
+_quant_dtypes: tuple[torch.dtype, ...] | None = None
+
+
+def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [N, K] in 0..15, scales and zeros [G, N] (w = (q - 8) * scale + zero) -> the layouts of the
+    `dtype` kernel (see the csrc files): bfloat16 (packed [N/16, K/4, 32] uint8, scales and zeros
+    [N/16, G, 2, 16] bf16); float32 (packed [N/16, K, 8] uint8, scales and shifts = zero - 8 scale
+    [N/16, G, 2, 16] fp32)."""
     N, K = q.shape
     G = scales.shape[0]
-    quads = q.to(torch.uint8).reshape(N // 16, 16, K // 4, 2, 2)  # [block, column, quad, half, pair]
-    packed = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 1, 3).contiguous()
-    per_block = [t.to(torch.bfloat16).reshape(G, N // 16, 16).transpose(0, 1) for t in (scales, zeros)]
+    q = q.to(torch.uint8)
+    if dtype == torch.float32:
+        halves = q.reshape(N // 16, 2, 8, K)  # [block, half, column, k]
+        packed = (halves[:, 0] | (halves[:, 1] << 4)).transpose(1, 2).contiguous()
+        pair = (scales.float(), zeros.float() - 8 * scales.float())
+    else:
+        quads = q.reshape(N // 16, 16, K // 4, 2, 2)  # [block, column, quad, half, pair]
+        packed = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 1, 3).contiguous()
+        pair = (scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
+    per_block = [t.reshape(G, N // 16, 16).transpose(0, 1) for t in pair]
     return packed, torch.stack(per_block, dim=2).contiguous()
 
 
-def int8_pack(q: torch.Tensor) -> torch.Tensor:
-    """q [N, K] int8 -> int8_matmul's packed [N/16, K/2, 32] int8; see csrc/quant_matmul.c."""
+def int8_pack(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """q [N, K] int8 -> the `dtype` kernel's packed layout: bfloat16 [N/16, K/2, 32], float32
+    [N/16, K, 16] (see the csrc files)."""
     N, K = q.shape
+    if dtype == torch.float32:
+        return q.reshape(N // 16, 16, K).transpose(1, 2).contiguous()
     return q.reshape(N // 16, 16, K // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
-    """x [M, K] (any float dtype) @ the packed 4-bit weight^T -> [M, N] bf16."""
-    x = _bf16_rows(x)
+    """x [M, K] @ the packed 4-bit weight^T -> [M, N] in x's dtype, bfloat16 or float32, which picks
+    the kernel: pack for it (int4_pack)."""
     M, K = x.shape
+    x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
-    if _lib.int4_matmul(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
-                        group_size, _threads):
+    fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul
+    if fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads):
         raise MemoryError("int4_matmul could not allocate")
     return y
 
 
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (any float dtype) @ the packed int8 weight^T * scales (fp32 [N]) -> [M, N] bf16."""
-    x = _bf16_rows(x)
+    """x [M, K] @ the packed int8 weight^T * scales (fp32 [N]) -> [M, N] in x's dtype, bfloat16 or
+    float32, which picks the kernel: pack for it (int8_pack)."""
     M, K = x.shape
+    x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
-    _lib.int8_matmul(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
-                     _threads)
+    fn = _lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul
+    if fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], _threads):
+        raise MemoryError("int8_matmul could not allocate")
     return y
-
-
-def _bf16_rows(x: torch.Tensor) -> torch.Tensor:
-    """x as contiguous bf16 (no torch call when it already is: these run 120 times a step)."""
-    return x if x.dtype is torch.bfloat16 and x.is_contiguous() else x.to(torch.bfloat16).contiguous()

@@ -38,8 +38,9 @@ def hf_smol(smol_parts):
 
 @pytest.fixture(scope="session")
 def smol32():
-    """SmolLM2 in fp32 with a modest pool, shared by the tests that do not change its config."""
-    return LLM(dtype="float32", num_kv_blocks=1024, max_model_len=2048)
+    """SmolLM2 in fp32, dense (the GGUF's weights dequantized, as transformers reads them), with a
+    modest pool, shared by the tests that do not change its config."""
+    return LLM(dtype="float32", quantization="none", num_kv_blocks=1024, max_model_len=2048)
 
 
 @pytest.fixture(scope="session")

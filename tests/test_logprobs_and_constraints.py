@@ -145,7 +145,8 @@ def test_sampling_params_refuse_bad_values(fields, complaint):
 def test_processed_logprobs_are_those_of_the_distribution_sampled_from(hf_smol):
     from engine import LLM
 
-    llm = LLM(dtype="float32", num_kv_blocks=128, max_model_len=1024, logprobs_mode="processed_logprobs")
+    llm = LLM(dtype="float32", quantization="none", num_kv_blocks=128, max_model_len=1024,
+              logprobs_mode="processed_logprobs")
     prompt = llm.get_tokenizer().encode("Our support hours are")
     bias = {11: 3.0, 314: -2.0}
     out = llm.generate([prompt], SamplingParams(temperature=2.0, seed=4, max_tokens=6, ignore_eos=True, logprobs=2,

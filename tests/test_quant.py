@@ -33,55 +33,67 @@ def test_int4_round_trip_and_kernel(group):
         assert rel(weight.matmul(x), F.linear(x.float(), deq)) < 1e-2
 
 
-@pytest.mark.skipif(not cpu_kernels.quant_matmul_supported(), reason="our int4 kernel needs AVX-512 BF16")
+# Our kernels on this CPU by activation dtype (none: torch's kernels serve, tested above); each with
+# its bound on the error against fp64: bf16 rows and outputs (8 bits of mantissa), fp32 (24).
+OUR_KERNELS = [pytest.param(dtype, id=str(dtype)[6:]) for dtype in cpu_kernels.quant_matmul_dtypes()]
+TOLERANCE = {torch.bfloat16: 2 ** -8, torch.float32: 2 ** -18}
+
+
+@pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
+@pytest.mark.parametrize("dtype", OUR_KERNELS)
 @pytest.mark.parametrize("group", [32, 128])
 @pytest.mark.parametrize("n", [48, 80, 256])
-def test_our_int4_kernel_against_fp64_and_batch_invariant(group, n):
-    """Every tile shape (row chunks of 8, 4, 2, 1 over 4, 2, 1 column blocks), against the
-    dequantized weight in fp64; and each row's result is bit-identical whatever the batch."""
+def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, group, n):
+    """Every tile shape (up to 17 rows: each kernel's row chunks and their remainders over 1-4 column
+    blocks, widened in registers or from a strip), against the dequantized weight in fp64 (scales
+    as the kernel keeps them); and each row's result is bit-identical whatever the batch."""
     g = torch.Generator().manual_seed(n + group)
     K = 256
     q, scales, zeros = quantize_int4(torch.randn(n, K, generator=g), group)
-    packed, sz = cpu_kernels.int4_pack(q, scales, zeros)
+    packed, sz = cpu_kernels.int4_pack(q, scales, zeros, dtype)
     gidx = torch.arange(K) // group
-    deq = (q.double() - 8) * scales.bfloat16().double()[gidx].T + zeros.bfloat16().double()[gidx].T
-    x = (torch.randn(17, K, generator=g) * 3).bfloat16()
+    kept = scales.to(dtype).double(), zeros.to(dtype).double()
+    deq = (q.double() - 8) * kept[0][gidx].T + kept[1][gidx].T
+    x = (torch.randn(17, K, generator=g) * 3).to(dtype)
     alone = torch.cat([cpu_kernels.int4_matmul(x[i:i + 1], packed, sz, group) for i in range(17)])
     for m in range(1, 18):
         y = cpu_kernels.int4_matmul(x[:m], packed, sz, group)
         ref = x[:m].double() @ deq.T
-        assert y.dtype == torch.bfloat16 and y.shape == (m, n)
-        assert ((y.double() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3 * ref.abs().max()).all(), m
+        assert y.dtype == dtype and y.shape == (m, n)
+        assert ((y.double() - ref).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max()).all(), m
         assert torch.equal(y, alone[:m])
 
 
-@pytest.mark.skipif(not cpu_kernels.quant_matmul_supported(), reason="our kernels need AVX-512 BF16")
+@pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
+@pytest.mark.parametrize("dtype", OUR_KERNELS)
 @pytest.mark.parametrize("n", [48, 80])
-def test_our_int8_kernel_against_fp64_and_batch_invariant(n):
+def test_our_int8_kernel_against_fp64_and_batch_invariant(dtype, n):
     g = torch.Generator().manual_seed(n)
     K = 192
     q, scales = quantize_int8(torch.randn(n, K, generator=g))
-    packed = cpu_kernels.int8_pack(q)
+    packed = cpu_kernels.int8_pack(q, dtype)
     deq = q.double() * scales.double()[:, None]
-    x = (torch.randn(11, K, generator=g) * 3).bfloat16()
+    x = (torch.randn(11, K, generator=g) * 3).to(dtype)
     alone = torch.cat([cpu_kernels.int8_matmul(x[i:i + 1], packed, scales) for i in range(11)])
     for m in range(1, 12):
         y = cpu_kernels.int8_matmul(x[:m], packed, scales)
         ref = x[:m].double() @ deq.T
-        assert ((y.double() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3 * ref.abs().max()).all(), m
+        assert y.dtype == dtype and y.shape == (m, n)
+        assert ((y.double() - ref).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max()).all(), m
         assert torch.equal(y, alone[:m])
 
 
-@pytest.mark.skipif(not cpu_kernels.quant_matmul_supported(), reason="our kernels need AVX-512 BF16")
-def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent_callers(monkeypatch):
+@pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
+@pytest.mark.parametrize("dtype", OUR_KERNELS)
+def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent_callers(dtype, monkeypatch):
     """Our thread pool (csrc/pool.c): one thread or four, and four Python threads calling at once
     (all but one find the pool busy and run their parts themselves), compute the same bits."""
     from concurrent.futures import ThreadPoolExecutor
 
     g = torch.Generator().manual_seed(5)
     q, scales, zeros = quantize_int4(torch.randn(512, 576, generator=g), 32)
-    packed, sz = cpu_kernels.int4_pack(q, scales, zeros)
-    xs = [torch.randn(8, 576, generator=g).bfloat16() for _ in range(4)]
+    packed, sz = cpu_kernels.int4_pack(q, scales, zeros, dtype)
+    xs = [torch.randn(8, 576, generator=g).to(dtype) for _ in range(4)]
     monkeypatch.setattr(cpu_kernels, "_threads", 1)
     serial = [cpu_kernels.int4_matmul(x, packed, sz, 32) for x in xs]
     monkeypatch.setattr(cpu_kernels, "_threads", 4)
@@ -160,8 +172,18 @@ def test_quantization_that_does_not_apply_is_refused(tiny_model):
     path, _ = tiny_model("llama")
     with pytest.raises(ValueError, match="quantization 'gguf'"):
         LLM(path, dtype="bfloat16", quantization="gguf", num_kv_blocks=16)
-    with pytest.raises(ValueError, match="quantization 'int4'"):
-        LLM(path, dtype="float32", quantization="int4", num_kv_blocks=16)
+    with pytest.raises(ValueError, match="quantization 'int4'"):  # no packed kernel takes fp16 rows here
+        LLM(path, dtype="float16", quantization="int4", num_kv_blocks=16)
+
+
+@pytest.mark.skipif(torch.float32 not in cpu_kernels.quant_matmul_dtypes(), reason="no AVX2 with FMA")
+def test_fp32_models_keep_int4_packed_where_our_fp32_kernel_runs(tiny_model):
+    """On CPUs without fast bf16 the model runs in fp32: 4-bit weights still stay 4-bit."""
+    path, _ = tiny_model("llama")
+    llm = LLM(path, dtype="float32", quantization="int4", num_kv_blocks=16)
+    layer = next(m for m in llm.engine.runner.model.modules() if getattr(m, "quant", None) is not None)
+    assert layer.quant.kernel_dtype == torch.float32 and layer.quant.packed.dtype == torch.uint8
+    assert llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0].outputs[0].token_ids
 
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.empty(1, 1, dtype=torch.bfloat16)),

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, cpu_kernels
 from engine.checkpoint.quantized import AWQ_ORDER, QuantSpec, detect, to_int4
 from engine.quant.gptq import _sum_nibbles, _to_int32, pack_gptq, quantize_checkpoint
 from tests.test_models import paged_logits
@@ -124,7 +124,8 @@ def test_tiny_checkpoints_load_and_match_their_dequantized_weights(fmt, act_orde
     write_checkpoint(src, str(tmp_path), fmt, 32, act_order)
     packed = LLM(str(tmp_path), dtype="bfloat16", num_kv_blocks=64)
     assert packed.engine.quantization == spec_for(fmt, 32).method
-    dequantized = LLM(str(tmp_path), dtype="float32", num_kv_blocks=64)  # same weights, fp32 dense
+    # same weights, fp32 dense
+    dequantized = LLM(str(tmp_path), dtype="float32", quantization="none", num_kv_blocks=64)
     assert "dequantized" in dequantized.engine.quantization
     full = LLM(src, dtype="float32", num_kv_blocks=64)
     ids = list(range(300, 330))
@@ -132,6 +133,11 @@ def test_tiny_checkpoints_load_and_match_their_dequantized_weights(fmt, act_orde
     by_kernel = paged_logits(packed, ids, [26, 1, 1, 1, 1])  # one-row decodes run the int4 kernel
     err = ((by_kernel[-4:] - reference[-4:]).abs().max() / reference.abs().max()).item()
     assert err < 3e-2  # tight: the checkpoint's own weights
+    if torch.float32 in cpu_kernels.quant_matmul_dtypes():  # fp32 rows through our AVX2 kernel
+        packed32 = LLM(str(tmp_path), dtype="float32", num_kv_blocks=64)
+        assert packed32.engine.quantization == spec_for(fmt, 32).method
+        by_kernel = paged_logits(packed32, ids, [26, 1, 1, 1, 1])
+        assert ((by_kernel[-4:] - reference[-4:]).abs().max() / reference.abs().max()).item() < 1e-4
     assert F.cosine_similarity(reference, paged_logits(full, ids, [30]), dim=-1).min() > 0.95  # loose
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = [[400 + i] * (20 + i) for i in range(6)]

@@ -14,21 +14,32 @@ CHECKPOINT_FORMATS = ("gptq", "awq", "compressed-tensors")
 PRODUCE_GPTQ = "gptq (quantize now)"  # an operator's choice: run our GPTQ producer, then load its checkpoint
 
 
+def packed_kernels_take(dtype: torch.dtype) -> bool:
+    """Whether quantized weights serve a model of `dtype` packed: bf16 everywhere (torch's kernels or
+    ours), fp32 where our AVX2 kernel runs (engine/csrc/quant_matmul_f32.c); else they would be
+    dequantized."""
+    from engine import cpu_kernels
+
+    return dtype == torch.bfloat16 or dtype in cpu_kernels.quant_matmul_dtypes()
+
+
 def valid_modes(source_kind: str, dtype: torch.dtype) -> list[str]:
-    """Modes that apply to a model: the packed kernels take bf16 activations."""
+    """Modes that apply to a model: those whose packed kernels take its activations' dtype."""
     modes = ["none"]
-    if dtype == torch.bfloat16:
+    if packed_kernels_take(dtype):
         modes += ["int8", "int4", "int4-g64"] + (["gguf"] if source_kind == "gguf" else [])
     return modes
 
 
 def choose_mode(asked: str | None, spec, source_kind: str, dtype: torch.dtype) -> str:
-    """The mode a model loads in: its checkpoint's own 4-bit format (dequantized outside bf16), the
-    GGUF's blocks kept packed by default in bf16, or what was asked for, if it applies."""
+    """The mode a model loads in: its checkpoint's own 4-bit format (dequantized where the packed
+    kernels do not take the dtype, or when "none" is asked for), the GGUF's blocks kept packed by
+    default where they do, or what was asked for, if it applies."""
     if spec is not None:
-        if asked not in (None, spec.method):
+        if asked not in (None, "none", spec.method):
             raise ValueError(f"quantization {asked!r} contradicts the checkpoint, which is {spec.method}")
-        return spec.method if dtype == torch.bfloat16 else f"{spec.method} (dequantized)"
+        packed = asked != "none" and packed_kernels_take(dtype)
+        return spec.method if packed else f"{spec.method} (dequantized)"
     modes = valid_modes(source_kind, dtype)
     mode = asked if asked is not None else ("gguf" if "gguf" in modes else "none")
     if mode not in modes:

@@ -1,9 +1,10 @@
 """Quantized weights in their kernels' layouts, converted once at load.
 
-CPU: a packed kernel serves decode-sized batches (few rows): ours (engine/csrc/quant_matmul.c)
-where the CPU has AVX-512 BF16, else PyTorch's `_weight_int4pack_mm_for_cpu` /
-`_weight_int8pack_mm`. Both lose to a dense bf16 matmul (engine/dense.py) on many rows, so each
-weight also keeps a dense bf16 copy (+2 bytes per weight) and `packed_rows` picks the path per call.
+CPU: a packed kernel serves decode-sized batches: ours (engine/csrc/quant_matmul.c for bf16 rows where
+the CPU has AVX-512 BF16, engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else
+PyTorch's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul
+(engine/dense.py) on many rows, so each weight also keeps a dense copy in the model dtype (prompt
+rows always take it) and `packed_rows` picks the path per call.
 CUDA: `torch._weight_int4pack_mm` for every row count, no dense copy.
 """
 from __future__ import annotations
@@ -19,11 +20,15 @@ from engine.dense import DenseWeight
 # engine, not on one matrix: a lone matrix sits in cache and favours dense already at 2 rows, but a
 # step streams every weight from memory, and bf16 is 4x the bytes (SMALL_M = 1: batch-2 steps 20 -> 35 ms).
 SMALL_M = 4
-# The same for our kernels (engine/csrc/quant_matmul.c, on two warm threads), measured as decode
-# steps of the default model (median ms, ours vs dense for the 4-bit layers): 24 rows 40 vs 53, 32 rows
-# 50 vs 61, 48 rows 67 vs 76, 64 rows 87 vs 92; 8-bit (the 49152x576 LM head) 2.6 against 2.7 ms at 8
-# rows, slower at 16 (its widening through fp32 costs more per weight than the nibbles' OR).
-OUR_SMALL_M = {4: 64, 8: 8}
+# The same for our kernels, by activation dtype, measured as decode steps of the default model
+# (median ms, ours vs dense for the 4-bit layers). bf16 (engine/csrc/quant_matmul.c, AVX-512 BF16, two
+# warm threads): 24 rows 40 vs 53, 32 rows 50 vs 61, 48 rows 67 vs 76, 64 rows 87 vs 92; 8-bit (the
+# 49152x576 LM head) 2.6 against 2.7 ms at 8 rows, slower at 16 (its widening through fp32 costs more per
+# weight than the nibbles' OR). fp32 (engine/csrc/quant_matmul_f32.c, AVX2, an AMD EPYC without
+# AVX-512): 8 rows 36 vs 93, 32 rows 113 vs 196, 64 rows 203 vs 266, 128 rows 233 vs 300; its LM head
+# 39 vs 53 at 8 rows, 184 vs 202 at 64 (fp32 dense weights are 4 bytes each: streaming them costs more
+# than widening).
+OUR_SMALL_M = {(4, torch.bfloat16): 64, (8, torch.bfloat16): 8, (4, torch.float32): 128, (8, torch.float32): 64}
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
@@ -36,6 +41,10 @@ def packed_rows(rows: int, limit: int) -> int:
     if decodes is None:
         return rows if rows <= limit else 0
     return decodes if decodes <= limit else 0
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x if x.dtype is dtype else x.to(dtype)
 
 
 class QuantizedWeight:
@@ -74,16 +83,16 @@ class Int4Weight(QuantizedWeight):
                              f"got N={N}, K={K}, group {group_size}")
         self.N, self.K, self.group_size, self.dtype, self.perm = N, K, group_size, dtype, perm
         device = q.device
-        self.ours = device.type == "cpu" and cpu_kernels.quant_matmul_supported()
-        if self.ours:
-            self.packed, self.scales_and_zeros = cpu_kernels.int4_pack(q, scales, zeros)
+        self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if device.type == "cpu" else None
+        if self.kernel_dtype is not None:
+            self.packed, self.scales_and_zeros = cpu_kernels.int4_pack(q, scales, zeros, self.kernel_dtype)
         else:
             self.scales_and_zeros = torch.stack([scales, zeros], dim=-1).to(torch.bfloat16).contiguous()  # [G, N, 2]
             if device.type == "cuda":
                 self.packed = torch._convert_weight_to_int4pack(((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8), 8)
             else:
                 self.packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
-        self.small_m = OUR_SMALL_M[4] if self.ours else SMALL_M
+        self.small_m = OUR_SMALL_M[4, self.kernel_dtype] if self.kernel_dtype is not None else SMALL_M
         self.dense = DenseWeight(self.dequantize(q, scales, zeros).to(dtype)) \
             if keep_dense and device.type == "cpu" else None
 
@@ -96,8 +105,8 @@ class Int4Weight(QuantizedWeight):
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         xb = x if self.perm is None else x[:, self.perm]
-        if self.ours:
-            y = cpu_kernels.int4_matmul(xb, self.packed, self.scales_and_zeros, self.group_size)
+        if self.kernel_dtype is not None:
+            y = cpu_kernels.int4_matmul(_as(xb, self.kernel_dtype), self.packed, self.scales_and_zeros, self.group_size)
         elif xb.device.type == "cuda":
             y = torch._weight_int4pack_mm(xb.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
         else:
@@ -118,19 +127,19 @@ class Int8Weight(QuantizedWeight):
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, keep_dense: bool = True) -> None:
         self.q = q.to(torch.int8).contiguous()
         self.dtype = dtype
-        self.ours = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0 \
-            and cpu_kernels.quant_matmul_supported()
-        if self.ours:
-            self.q, self.scales = cpu_kernels.int8_pack(self.q), scales.float().contiguous()
+        fits = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0
+        self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if fits else None
+        if self.kernel_dtype is not None:
+            self.q, self.scales = cpu_kernels.int8_pack(self.q, self.kernel_dtype), scales.float().contiguous()
         else:
             self.scales = scales.to(torch.bfloat16).contiguous()
-        self.small_m = OUR_SMALL_M[8] if self.ours else SMALL_M
+        self.small_m = OUR_SMALL_M[8, self.kernel_dtype] if self.kernel_dtype is not None else SMALL_M
         self.dense = DenseWeight((q.float() * scales.float()[:, None]).to(dtype)) \
             if keep_dense and q.device.type == "cpu" else None
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.ours:
-            y = cpu_kernels.int8_matmul(x, self.q, self.scales)
+        if self.kernel_dtype is not None:
+            y = cpu_kernels.int8_matmul(_as(x, self.kernel_dtype), self.q, self.scales)
             return y if y.dtype is x.dtype else y.to(x.dtype)
         if x.device.type == "cpu":
             return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.scales).to(x.dtype)

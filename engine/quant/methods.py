@@ -23,7 +23,7 @@ def load_model(source: ModelSource, hf_config, requested: str | None, dtype: tor
     packs = quantization in ("gguf", getattr(spec, "method", None))  # 4-bit layers stay 4-bit
     model, packed = build_model(source, hf_config, dtype, device, max_model_len, keep_packed=packs)
     if "dequantized" in quantization:
-        log.info("%s checkpoint dequantized to %s at load (the int4 kernels take bf16)", spec.method, dtype)
+        log.info("%s checkpoint dequantized to %s at load (no packed kernel takes that dtype here)", spec.method, dtype)
     else:
         quantize_model(model, quantization, dtype, packed)
     return model, quantization

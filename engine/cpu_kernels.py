@@ -205,7 +205,8 @@ def quant_matmul_dtypes() -> tuple[torch.dtype, ...]:
     global _quant_dtypes
     if _quant_dtypes is None:
         ok = available()
-        _quant_dtypes = tuple(dtype for dtype, fn in ((torch.bfloat16, "int4_matmul"), (torch.float32, "int4_matmul_f32"))
+        kernels = ((torch.bfloat16, "int4_matmul"), (torch.float32, "int4_matmul_f32"))
+        _quant_dtypes = tuple(dtype for dtype, fn in kernels
                               if ok and getattr(_lib, fn)(None, None, None, None, 0, 0, 0, 4, 1) == 0)
     return _quant_dtypes
 

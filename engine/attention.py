@@ -57,16 +57,28 @@ class SharedPrefix:
 # 0.52x at 64 rows, 2048 tokens 0.88x at 32 rows and 0.96x at 64, 4096 tokens 0.94x at 64. It stays
 # for prefixes longer still (a shared prefix's cost grows with its length, the cascade's matrix
 # product amortises it over rows), from 8192 tokens shared by 32 rows.
+# The kernel's plain path (fp32 models, CPUs without AVX-512 BF16) reads K and V a token at a time:
+# there a 304-token prefix pays from 16 rows (1.05x; 1.26x at 32, 1.48x at 64; a batch-64 decode step
+# of the default model in fp32 on an AVX2 EPYC 184 -> 154 ms), hence from 256 tokens.
 MIN_SHARING_ROWS = 32
 MIN_SHARED_TOKENS = 8192
+MIN_SHARED_TOKENS_PLAIN = 256
+
+
+def shared_tokens_needed(dtype: torch.dtype) -> int:
+    """The prefix length from which the cascade pays for a model of `dtype` on this CPU."""
+    fast = dtype == torch.bfloat16 and torch.bfloat16 in cpu_kernels.quant_matmul_dtypes()  # AVX-512 BF16
+    return MIN_SHARED_TOKENS if fast else MIN_SHARED_TOKENS_PLAIN
 
 
 def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
-                       block_hashes: list[list[int]] | None = None) -> SharedPrefix | None:
+                       block_hashes: list[list[int]] | None = None,
+                       min_tokens: int | None = None) -> SharedPrefix | None:
     """The longest run of leading blocks common to the decodes that share the most common first
     block, stopping before each one's last token (which must stay its own); None if too few share.
     block_hashes: each decode's chain hashes, which name the shared blocks' content; without them
-    (prefix caching off) the prefix's operands could not be reused across steps, and there is no gain."""
+    (prefix caching off) the prefix's operands could not be reused across steps, and there is no gain.
+    min_tokens: the shortest prefix that pays (shared_tokens_needed; MIN_SHARED_TOKENS if None)."""
     if not block_hashes or len(block_hashes) < MIN_SHARING_ROWS:
         return None
     first = table[:, 0]
@@ -76,7 +88,7 @@ def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     sub = table[rows]
     k = int((sub == sub[0]).all(0).cumprod(0).sum())
     k = min(k, int(((seq_lens[rows] - 1) // block_size).min()))
-    if k == 0 or k * block_size < MIN_SHARED_TOKENS:
+    if k == 0 or k * block_size < (MIN_SHARED_TOKENS if min_tokens is None else min_tokens):
         return None
     starts = torch.zeros_like(seq_lens)
     starts[rows] = k * block_size

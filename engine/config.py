@@ -29,7 +29,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # None: a share of free memory after the weights
     num_kv_blocks: int | None = None  # overrides kv_cache_memory_bytes
     scheduling_policy: str = "fcfs"
-    quantization: str | None = None  # None: "gguf" (packed 4-bit) for GGUF files in bf16, else "none"
+    quantization: str | None = None  # None: "gguf" (packed 4-bit) for GGUF files where packed kernels run, else "none"
     seed: int = 0
     num_threads: int | None = None  # None: one per core this process may use
     max_waiting: int = 1024  # bounded waiting queue: past it, add_request says "overloaded"

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from engine import cpu_kernels
-from engine.attention import AttentionMetadata, PrefillSeq, find_shared_prefix, use_metadata
+from engine.attention import AttentionMetadata, PrefillSeq, find_shared_prefix, shared_tokens_needed, use_metadata
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.sampler import Sampler
 
@@ -43,6 +43,7 @@ class ModelRunner:
         self.logprobs_mode = logprobs_mode
         self.block_size = block_size
         self.device = device
+        self.dtype = dtype
         self.sampler = Sampler(seed, device)
         largest = max((m.in_features * m.out_features for m in model.modules() if hasattr(m, "in_features")),
                       default=0)
@@ -205,7 +206,7 @@ class ModelRunner:
             meta.row_block_tables, meta.row_seq_lens = table, lens
             if dev.type == "cpu":
                 meta.kernel_threads = cpu_kernels.threads() if sum(row_lens) >= PARALLEL_ATTENTION_TOKENS else 1
-                meta.shared = find_shared_prefix(table, lens, bs, row_hashes)
+                meta.shared = find_shared_prefix(table, lens, bs, row_hashes, shared_tokens_needed(self.dtype))
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)
 

@@ -44,7 +44,7 @@ def test_batch_of_16_with_prefix_cache_equals_one_at_a_time(smol32, prompts, ref
     dict(num_kv_blocks=40, max_model_len=640),  # 16 sequences of ~170 tokens cannot all fit
 ], ids=["no-prefix-cache", "block-32", "chunked-prefill", "preemption"])
 def test_greedy_identical_under_engine_options(options, prompts, reference):
-    llm = LLM(dtype="float32", **{"num_kv_blocks": 1024, **options})
+    llm = LLM(dtype="float32", quantization="none", **{"num_kv_blocks": 1024, **options})  # as smol32
     outs = llm.generate(prompts, GREEDY)
     assert tokens(outs) == reference
     stats = llm.get_stats()
@@ -124,6 +124,7 @@ def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeyp
     per_sequence = tokens(smol32.generate(batch, GREEDY))
     monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 24)
     monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 0)  # the ~300-token system prompt is shared
+    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS_PLAIN", 0)
     calls = []
     cascade = attention.PagedAttention._cascade_prefix
     monkeypatch.setattr(attention.PagedAttention, "_cascade_prefix", lambda self, q, meta: calls.append(1) or cascade(self, q, meta))

@@ -17,7 +17,8 @@ EXTRACT = [{"role": "system", "content": "Extract the order number, the product 
 
 @pytest.fixture(scope="module")
 def live():
-    with LiveServer(AsyncLLM(EngineConfig(dtype="float32", num_kv_blocks=512, max_model_len=2048))) as server:
+    with LiveServer(AsyncLLM(EngineConfig(dtype="float32", quantization="none", num_kv_blocks=512,
+                                          max_model_len=2048))) as server:
         yield server
 
 

@@ -19,7 +19,8 @@ QUESTION = [{"role": "user", "content": "My parcel NW20481377 is late. What shou
 
 @pytest.fixture(scope="module")
 def live():
-    llm = AsyncLLM(EngineConfig(dtype="float32", num_kv_blocks=1024, max_model_len=2048))
+    llm = AsyncLLM(EngineConfig(dtype="float32", quantization="none", num_kv_blocks=1024,
+                                max_model_len=2048))
     with LiveServer(llm) as server:
         yield server
 

@@ -4,7 +4,8 @@
     python -m bench.attention --prefix 2048 --no-step   # a long shared prefix, where the cascade pays
 
 1. The attention alone: B decodes sharing a P-token prefix, each with its own S-token suffix
-   (9 query heads, 3 kv heads, head dim 64, bf16, block size 16): the C kernel over each whole
+   (9 query heads, 3 kv heads, head dim 64, block size 16, the dtype the engine picks on this CPU:
+   bf16 with AVX-512 BF16, else fp32): the C kernel over each whole
    sequence, against the cascade (the prefix once for all rows by torch's CPU flash attention, the
    kernel over the suffixes, merged; the prefix's operands are reused across steps, as in the engine).
 2. A whole decode step at batch 64 on the default model (bench.throughput's sessions, so every
@@ -19,6 +20,7 @@ import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
 
 from engine import LLM, attention
+from engine.config import EngineConfig
 from engine.attention import AttentionMetadata, PagedAttention, find_shared_prefix
 
 
@@ -34,17 +36,17 @@ def timed(fn, repeat: int) -> float:
     return min(rounds)
 
 
-def attention_alone(batch: int, prefix: int, suffix: int, repeat: int) -> tuple[float, float]:
+def attention_alone(batch: int, prefix: int, suffix: int, repeat: int, dtype: torch.dtype) -> tuple[float, float]:
     H, Hkv, D, bs = 9, 3, 64, 16
     shared_blocks, own_blocks = prefix // bs, -(-suffix // bs)
     num_blocks = shared_blocks + batch * own_blocks + 1
     attn = PagedAttention(H, Hkv, D, D ** -0.5)
-    attn.k_cache = torch.randn(num_blocks, bs, Hkv, D).bfloat16()
-    attn.v_cache = torch.randn(num_blocks, bs, Hkv, D).bfloat16()
+    attn.k_cache = torch.randn(num_blocks, bs, Hkv, D, dtype=dtype)
+    attn.v_cache = torch.randn(num_blocks, bs, Hkv, D, dtype=dtype)
     tables = [list(range(shared_blocks)) + [shared_blocks + b * own_blocks + i for i in range(own_blocks)]
               for b in range(batch)]
     table, lens = torch.tensor(tables), torch.full((batch,), shared_blocks * bs + suffix)
-    q = torch.randn(batch, H, D).bfloat16()
+    q = torch.randn(batch, H, D, dtype=dtype)
     plain = AttentionMetadata(torch.empty(0, dtype=torch.long), batch, table, lens)
     hashes = [list(range(shared_blocks + own_blocks))] * batch  # a known prefix: its K/V operands are reused
     threshold, attention.MIN_SHARING_ROWS = attention.MIN_SHARING_ROWS, 1  # forced, to show where it pays
@@ -62,14 +64,15 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--no-step", action="store_true", help="skip the whole-step measurement")
     args = p.parse_args()
-    print(f"{torch.get_num_threads()} threads; attention alone, one layer, prefix {args.prefix} + own {args.suffix} "
-          f"tokens per sequence")
+    dtype = EngineConfig().resolved_dtype(torch.device("cpu"))
+    print(f"{torch.get_num_threads()} threads, {dtype}; attention alone, one layer, prefix {args.prefix} + own "
+          f"{args.suffix} tokens per sequence")
     print(f"(the engine uses the cascade from {attention.MIN_SHARING_ROWS} decodes sharing "
-          f"{attention.MIN_SHARED_TOKENS} tokens on)")
+          f"{attention.shared_tokens_needed(dtype)} tokens on)")
     print("| decodes | per-sequence kernel | cascade | ratio |")
     print("|---|---|---|---|")
     for batch in (4, 8, 16, 32, 48, 64):
-        plain, cascade = attention_alone(batch, args.prefix, args.suffix, args.repeat)
+        plain, cascade = attention_alone(batch, args.prefix, args.suffix, args.repeat, dtype)
         print(f"| {batch} | {plain:.2f} ms | {cascade:.2f} ms | {plain / cascade:.2f}x |")
     if args.no_step:
         return

@@ -52,23 +52,23 @@ class SharedPrefix:
     content: tuple  # (chain hash of the last shared block, block ids): names the K/V, reused across steps
 
 
-# Measured (bench/attention.py, SmolLM2's heads, bf16): since the per-sequence kernel's P.V product
-# runs on bf16 pair dot products the cascade loses at every size measured here: 304-token prefix
-# 0.52x at 64 rows, 2048 tokens 0.88x at 32 rows and 0.96x at 64, 4096 tokens 0.94x at 64. It stays
-# for prefixes longer still (a shared prefix's cost grows with its length, the cascade's matrix
-# product amortises it over rows), from 8192 tokens shared by 32 rows.
-# The kernel's plain path (fp32 models, CPUs without AVX-512 BF16) reads K and V a token at a time:
-# there a 304-token prefix pays from 16 rows (1.05x; 1.26x at 32, 1.48x at 64; a batch-64 decode step
-# of the default model in fp32 on an AVX2 EPYC 184 -> 154 ms), hence from 256 tokens.
+# Measured (bench/attention.py, SmolLM2's heads): the per-sequence kernel's vectorised paths (bf16
+# pair dot products on AVX-512 BF16, fp32 8-token FMA tiles on AVX2) beat the cascade in a whole
+# step: bf16, 304-token prefix 0.52x at 64 rows, 2048 tokens 0.88x at 32 rows and 0.96x at 64, 4096
+# tokens 0.94x at 64; fp32 on an AVX2 EPYC, a batch-64 decode step of the default model 215 ms per
+# sequence against 262 ms with the cascade. It stays for prefixes longer still (a shared prefix's
+# cost grows with its length, the cascade's matrix product amortises it over rows), from 8192 tokens
+# shared by 32 rows. Where the kernel walks K and V a token at a time (a bf16 model without AVX-512
+# BF16, an fp32 one without AVX2) a 304-token prefix paid from 16 rows, hence from 256 tokens there.
 MIN_SHARING_ROWS = 32
 MIN_SHARED_TOKENS = 8192
 MIN_SHARED_TOKENS_PLAIN = 256
 
 
 def shared_tokens_needed(dtype: torch.dtype) -> int:
-    """The prefix length from which the cascade pays for a model of `dtype` on this CPU."""
-    fast = dtype == torch.bfloat16 and torch.bfloat16 in cpu_kernels.quant_matmul_dtypes()  # AVX-512 BF16
-    return MIN_SHARED_TOKENS if fast else MIN_SHARED_TOKENS_PLAIN
+    """The prefix length from which the cascade pays for a model of `dtype` on this CPU: the kernel's
+    vectorised attention needs the same instructions as our 4-bit kernel for that dtype."""
+    return MIN_SHARED_TOKENS if dtype in cpu_kernels.quant_matmul_dtypes() else MIN_SHARED_TOKENS_PLAIN
 
 
 def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,

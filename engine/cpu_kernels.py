@@ -21,7 +21,8 @@ _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
                                                       "quant_matmul.c", "quant_matmul_f32.c", "argmax.c",
                                                       "pool.c")]
-_HEADERS = [os.path.join(_CSRC, name) for name in ("bf16.h", "exp.h", "pool.h")]  # part of the build's cache key, not compiled alone
+# part of the build's cache key, not compiled alone
+_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "bf16.h", "exp.h", "pool.h")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
 # only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-pthread", "-shared",

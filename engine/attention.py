@@ -7,6 +7,11 @@ model's forward signatures stay plain. One torch implementation serves CPU and C
 own prefix) read K/V in place through the block tables with our C kernel on the CPU (engine/csrc),
 or gather each sequence's blocks into a padded batch for one batched SDPA call elsewhere; other
 prompt chunks run one SDPA call per sequence.
+
+The pool's layout: V token by token [num_blocks, block_size, Hkv, D], K in dimension pairs
+[num_blocks, Hkv, D/2, block_size, 2], so that one vector load holds a pair of dimensions of 16
+consecutive tokens and decode scores vectorise across tokens (csrc/paged_attention.c) instead of
+summing each token's products across lanes. `key_rows` and `key_pairs` convert.
 """
 from __future__ import annotations
 
@@ -53,26 +58,29 @@ class SharedPrefix:
 
 
 # Measured (bench/attention.py, SmolLM2's heads, bf16 on an AVX-512 BF16 EPYC, 150 own tokens per
-# row): with the prefix taken by our kernel (csrc/prefix_attention.c) the cascade against the
-# per-sequence kernel, attention alone, 304-token prefix: 0.97x at 16 rows, 1.19x at 32, 1.40x at 64
-# (a batch-64 decode step of the default model 0.89x the time); 128 tokens: 0.91-0.93x at 32-64 rows;
-# 1024 tokens: 1.3-1.75x from 4 rows. Hence from 256 tokens shared by 32 rows. Torch's flash
-# attention for the prefix (other head sizes, fp32 models) lost to the vectorised per-sequence
-# kernels (fp32 on AVX2: a batch-64 step 215 ms per sequence against 262 cascaded; bf16: 0.52x at 64
-# rows on 304 tokens, ~0.9x on 2048-4096): there it waits for prefixes of 8192 tokens. Where the
-# kernel walks K and V a token at a time (a bf16 model without AVX-512 BF16, an fp32 one without
-# AVX2) a 304-token prefix paid from 16 rows, hence 256 tokens there too.
+# row). Since K lies in dimension pairs the per-sequence kernel vectorises across tokens as our prefix
+# kernel (csrc/prefix_attention.c) does, and shared blocks read by every row stay in the caches: the
+# cascade against it, attention alone, at 16 / 32 / 64 rows: 304-token prefix 0.6 / 0.95 / 1.0x
+# (30 layers' caches, as in a step: 1.0x); 1024 tokens 0.8 / 1.33 / 1.9x; 2048 tokens 1.3 / 1.5 /
+# 1.25x. Hence from 1024 tokens shared by 32 rows. (Before, with K token by token, a 304-token prefix
+# paid 1.4x at 64 rows.) Torch's flash attention for the prefix (other head sizes, fp32 models) lost
+# to the vectorised per-sequence kernels (fp32 on AVX2: a batch-64 step 215 ms per sequence against
+# 262 cascaded; bf16: 0.52x at 64 rows on 304 tokens, ~0.9x on 2048-4096): there it waits for
+# prefixes of 8192 tokens. Where the per-sequence kernel walks K or V a token at a time (a bf16 model
+# without AVX-512 BF16 or with head_dim != 64, an fp32 one without AVX2) a 304-token prefix paid
+# from 16 rows, hence 256 tokens there.
 MIN_SHARING_ROWS = 32
 MIN_SHARED_TOKENS = 8192
+MIN_SHARED_TOKENS_KERNEL = 1024
 MIN_SHARED_TOKENS_PLAIN = 256
 
 
 def shared_tokens_needed(dtype: torch.dtype, head_dim: int) -> int:
     """The prefix length from which the cascade pays for a model of `dtype` and `head_dim` on this
-    CPU: MIN_SHARED_TOKENS where only torch's flash attention would take the prefix, against the
-    per-sequence kernel's vectorised path (which needs the same instructions as our 4-bit kernel)."""
-    flash_only = dtype in cpu_kernels.quant_matmul_dtypes() and not cpu_kernels.prefix_kernel(dtype, head_dim, 16)
-    return MIN_SHARED_TOKENS if flash_only else MIN_SHARED_TOKENS_PLAIN
+    CPU, by which kernels would take the prefix and the whole sequences (see above)."""
+    if cpu_kernels.prefix_kernel(dtype, head_dim, 16):
+        return MIN_SHARED_TOKENS_KERNEL if head_dim == 64 else MIN_SHARED_TOKENS_PLAIN
+    return MIN_SHARED_TOKENS if dtype in cpu_kernels.quant_matmul_dtypes() else MIN_SHARED_TOKENS_PLAIN
 
 
 def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
@@ -106,15 +114,15 @@ def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: 
 
 
 def prefix_operands(k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The shared K/V [k, block_size, Hkv, D] as the operands prefix_attention takes: for our kernel
-    (cpu_kernels.prefix_kernel) K as pairs of dimensions [Hkv, D/2, P, 2] and V as pairs of tokens
-    [Hkv, P/2, D, 2]; else [1, Hkv, P, D] each, for torch's flash attention."""
-    Hkv, D = k_blocks.shape[2:]
-    keys, values = k_blocks.reshape(-1, Hkv, D), v_blocks.reshape(-1, Hkv, D)
-    P = keys.shape[0]
-    if cpu_kernels.prefix_kernel(keys.dtype, D, P):
-        return (keys.view(P, Hkv, D // 2, 2).permute(1, 2, 0, 3).contiguous(),
-                values.view(P // 2, 2, Hkv, D).permute(2, 0, 3, 1).contiguous())
+    """The shared K/V blocks (the pool's layouts) as the operands prefix_attention takes: for our
+    kernel (cpu_kernels.prefix_kernel) K as pairs of dimensions [Hkv, D/2, P, 2] and V as pairs of
+    tokens [Hkv, P/2, D, 2]; else [1, Hkv, P, D] each, for torch's flash attention."""
+    k, bs, Hkv, D = v_blocks.shape
+    P = k * bs
+    if cpu_kernels.prefix_kernel(v_blocks.dtype, D, P):
+        return (k_blocks.permute(1, 2, 0, 3, 4).reshape(Hkv, D // 2, P, 2),
+                v_blocks.reshape(P // 2, 2, Hkv, D).permute(2, 0, 3, 1).contiguous())
+    keys, values = key_rows(k_blocks).reshape(P, Hkv, D), v_blocks.reshape(P, Hkv, D)
     return keys.transpose(0, 1).unsqueeze(0).contiguous(), values.transpose(0, 1).unsqueeze(0).contiguous()
 
 
@@ -133,6 +141,27 @@ def prefix_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(queries, keys, values, scale=scale)[:2]
     return (out.reshape(Hkv, S, G, D).transpose(0, 1).reshape(S, H, D).float(),
             lse.reshape(Hkv, S, G).transpose(0, 1).reshape(S, H))
+
+
+def kv_cache_shapes(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[tuple, tuple]:
+    """The shapes of one layer's K and V pools."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim {head_dim} is odd: K is stored in dimension pairs")
+    return ((num_blocks, num_kv_heads, head_dim // 2, block_size, 2), (num_blocks, block_size, num_kv_heads, head_dim))
+
+
+def key_rows(k_blocks: torch.Tensor) -> torch.Tensor:
+    """K blocks as the pool holds them [..., Hkv, D/2, block_size, 2] -> [..., block_size, Hkv, D] (a copy)."""
+    n = k_blocks.dim() - 4
+    *lead, Hkv, half, bs, _ = k_blocks.shape
+    return k_blocks.permute(*range(n), n + 2, n, n + 1, n + 3).reshape(*lead, bs, Hkv, 2 * half)
+
+
+def key_pairs(keys: torch.Tensor) -> torch.Tensor:
+    """K blocks [..., block_size, Hkv, D] -> the pool's [..., Hkv, D/2, block_size, 2] (a copy)."""
+    n = keys.dim() - 3
+    *lead, bs, Hkv, D = keys.shape
+    return keys.reshape(*lead, bs, Hkv, D // 2, 2).permute(*range(n), n + 1, n + 2, n, n + 3).contiguous()
 
 
 _current: AttentionMetadata | None = None
@@ -159,7 +188,7 @@ class PagedAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
-        self.k_cache = torch.empty(0)  # [num_blocks, block_size, Hkv, D], bound by the runner
+        self.k_cache = torch.empty(0)  # kv_cache_shapes, bound by the runner
         self.v_cache = torch.empty(0)
         self._prefix: tuple = (None, None, None)  # (content, keys, values) of the last shared prefix
 
@@ -184,7 +213,9 @@ class PagedAttention(nn.Module):
                 and self.v_cache.is_contiguous() and cpu_kernels.heads_contiguous(k) and cpu_kernels.heads_contiguous(v):
             cpu_kernels.kv_store(k, v, self.k_cache, self.v_cache, slots)  # one call, no copies of the views
             return
-        self.k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, k)
+        bs = self.v_cache.shape[1]
+        by_token = self.k_cache.permute(0, 3, 1, 2, 4)  # a view [num_blocks, block_size, Hkv, D/2, 2]
+        by_token[slots // bs, slots % bs] = k.reshape(k.shape[0], self.num_kv_heads, self.head_dim // 2, 2)
         self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v)
 
     def _decode(self, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,11 +228,11 @@ class PagedAttention(nn.Module):
                                                       meta.row_seq_lens, self.scale, out, prefix=prefix,
                                                       threads=meta.kernel_threads)
         B, nb = meta.row_block_tables.shape
-        bs = self.k_cache.shape[1]
+        bs = self.v_cache.shape[1]
         if meta.row_mask is None:  # the C kernel stops at each length itself and needs no mask
             valid = torch.arange(nb * bs, device=q.device) < meta.row_seq_lens.unsqueeze(1)
             meta.row_mask = valid[:, None, None, :]
-        keys = self.k_cache[meta.row_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
+        keys = key_rows(self.k_cache[meta.row_block_tables]).view(B, nb * bs, self.num_kv_heads, self.head_dim)
         values = self.v_cache[meta.row_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
@@ -225,7 +256,7 @@ class PagedAttention(nn.Module):
         if seq.ctx_len == seq.q_len:  # nothing cached before this chunk: plain causal attention
             keys, values, mask, causal = k, v, None, True
         else:
-            keys = self.k_cache[seq.block_ids].flatten(0, 1)[:seq.ctx_len]
+            keys = key_rows(self.k_cache[seq.block_ids]).flatten(0, 1)[:seq.ctx_len]
             values = self.v_cache[seq.block_ids].flatten(0, 1)[:seq.ctx_len]
             offset = seq.ctx_len - seq.q_len
             rows = torch.arange(seq.q_len, device=q.device).unsqueeze(1) + offset

@@ -67,7 +67,7 @@ def _build() -> ctypes.CDLL | None:
         [ctypes.c_int64, ctypes.c_float, ctypes.c_int]
     lib.kv_store.restype = None
     lib.kv_store.argtypes = [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] + \
-        [ctypes.c_int] * 2
+        [ctypes.c_int] * 4
     lib.rms_norm.restype = None
     lib.rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
                                                      ctypes.c_int]
@@ -126,12 +126,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
                            prefix: tuple | None = None, threads: int | None = None) -> torch.Tensor:
     """q [B, H, D] (rows may be strided, heads contiguous) -> out [B, H, D] (contiguous), returned;
-    caches [num_blocks, block_size, Hkv, D]; int64 tables and lengths.
+    k_cache [num_blocks, Hkv, D/2, block_size, 2], v_cache [num_blocks, block_size, Hkv, D]
+    (attention.py's pool layout); int64 tables and lengths.
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
     out[rows[b]], lse[rows[b]] (engine/attention.py's cascade). threads: None for set_threads'."""
     B, H, D = q.shape
-    _, block_size, Hkv, _ = k_cache.shape
+    _, block_size, Hkv, _ = v_cache.shape
     if H > 256:
         raise ValueError("paged_decode_attention supports at most 256 query heads")
     if not heads_contiguous(q):
@@ -169,10 +170,11 @@ def prefix_attention(q: torch.Tensor, kt: torch.Tensor, vp: torch.Tensor, scale:
 
 def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slots: torch.Tensor) -> None:
-    """k, v [T, Hkv, D] (rows may be strided, heads contiguous) into the caches' flat slots."""
+    """k, v [T, Hkv, D] (rows may be strided, heads contiguous) into the caches' flat slots
+    (paged_decode_attention's layouts)."""
     T, Hkv, D = k.shape
     _lib.kv_store(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                  slots.data_ptr(), T, Hkv * D, _dtype_code(k))
+                  slots.data_ptr(), T, Hkv, D, v_cache.shape[1], _dtype_code(k))
 
 
 def heads_contiguous(x: torch.Tensor) -> bool:

@@ -128,7 +128,7 @@ class KVCacheManager:
             full = min((req.num_computed_tokens + s.num_tokens) // bs, len(blocks))
             for block in blocks[req.num_saved_blocks:full]:
                 if block.block_hash is not None and not self.disk.contains(block.block_hash):
-                    kv = torch.stack((self._k[:, block.block_id], self._v[:, block.block_id])).cpu()
+                    kv = torch.stack((self._k[:, block.block_id].flatten(1), self._v[:, block.block_id].flatten(1))).cpu()
                     self.disk.save(block.block_hash, block.token_ids, kv)
             req.num_saved_blocks = max(req.num_saved_blocks, full)
 
@@ -165,8 +165,8 @@ class KVCacheManager:
                 if self.pool.num_free == 0:
                     break
                 block = self.pool.get_new_blocks(1)[0]
-                self._k[:, block.block_id].copy_(item.kv[0])
-                self._v[:, block.block_id].copy_(item.kv[1])
+                self._k[:, block.block_id].flatten(1).copy_(item.kv[0])  # flatten: a view (one block)
+                self._v[:, block.block_id].flatten(1).copy_(item.kv[1])
                 self.pool.cache_block(block, item.block_hash, item.token_ids)
                 self.pool.free([block])
                 self.disk_hits += self.block_size

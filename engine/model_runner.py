@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from engine import cpu_kernels
-from engine.attention import AttentionMetadata, PrefillSeq, find_shared_prefix, shared_tokens_needed, use_metadata
+from engine.attention import (AttentionMetadata, PrefillSeq, find_shared_prefix, kv_cache_shapes,
+                              shared_tokens_needed, use_metadata)
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.sampler import Sampler
 
@@ -51,10 +52,10 @@ class ModelRunner:
         self.row_prefill = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_kernels.available()
         layers = model.attention_layers()
         a = layers[0]
-        shape = (len(layers), num_blocks, block_size, a.num_kv_heads, a.head_dim)
+        k_shape, v_shape = kv_cache_shapes(num_blocks, block_size, a.num_kv_heads, a.head_dim)
         # Zeroed, not empty: padded decode rows read block 0, and garbage there could be NaN.
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_cache = torch.zeros(len(layers), *k_shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(len(layers), *v_shape, dtype=dtype, device=device)
         for i, layer in enumerate(layers):
             layer.k_cache, layer.v_cache = self.k_cache[i], self.v_cache[i]
 
@@ -207,7 +208,7 @@ class ModelRunner:
             if dev.type == "cpu":
                 meta.kernel_threads = cpu_kernels.threads() if sum(row_lens) >= PARALLEL_ATTENTION_TOKENS else 1
                 meta.shared = find_shared_prefix(table, lens, bs, row_hashes,
-                                                 shared_tokens_needed(self.dtype, self.k_cache.shape[-1]))
+                                                 shared_tokens_needed(self.dtype, self.v_cache.shape[-1]))
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine import cpu_kernels
-from engine.attention import AttentionMetadata, PagedAttention
+from engine.attention import AttentionMetadata, PagedAttention, key_pairs, key_rows
 
 
 def reference(q, keys, values, scale):
@@ -30,7 +30,7 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv,
     gen = torch.Generator().manual_seed(0)
     num_blocks = 40
     attn = PagedAttention(H, Hkv, D, D ** -0.5)
-    attn.k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
+    attn.k_cache = key_pairs(torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype))
     attn.v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
     lens = [1, block_size, 3 * block_size + 5, 7]
     perm = torch.randperm(num_blocks, generator=gen).tolist()  # scattered, non-contiguous blocks
@@ -48,30 +48,37 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv,
     out = attn._decode(q, meta)
     for i, n in enumerate(lens):
         slots = torch.tensor([int(table[i, t // block_size]) * block_size + t % block_size for t in range(n)])
-        keys = attn.k_cache.view(-1, Hkv, D)[slots]
+        keys = key_rows(attn.k_cache).view(-1, Hkv, D)[slots]
         values = attn.v_cache.view(-1, Hkv, D)[slots]
         ref = reference(q[i], keys, values, D ** -0.5)
         assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_kv_store_writes_the_slots_index_copy_would(dtype, monkeypatch):
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_kv_store_writes_the_slots_index_copy_would(dtype, path, monkeypatch):
+    """Both ways of storing (the C kernel; index writes on CUDA) put each token's K and V where the
+    readers (key_rows, the V pool's rows) find it."""
     if not cpu_kernels.available():
         pytest.skip("no C compiler")
     store, calls = cpu_kernels.kv_store, []
     monkeypatch.setattr(cpu_kernels, "kv_store", lambda *a: calls.append(1) or store(*a))
+    if path == "torch":
+        monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
     gen = torch.Generator().manual_seed(1)
     attn = PagedAttention(9, 3, 64, 0.125)
-    attn.k_cache, attn.v_cache = torch.zeros(2, 6, 16, 3, 64, dtype=dtype).unbind(0)
+    attn.k_cache, attn.v_cache = torch.zeros(6, 3, 32, 16, 2, dtype=dtype), torch.zeros(6, 16, 3, 64, dtype=dtype)
     qkv = torch.randn(5, 15 * 64, generator=gen).to(dtype)
     k, v = qkv[:, 9 * 64:12 * 64].view(5, 3, 64), qkv[:, 12 * 64:].view(5, 3, 64)  # strided views
     slots = torch.tensor([17, 3, 95, 40, 41])
     attn._store(k, v, slots)
-    assert calls  # the C path, reading the strided views in place
+    assert bool(calls) == (path == "kernel")  # the C path reads the strided views in place
     expected_k, expected_v = torch.zeros(96, 3, 64, dtype=dtype), torch.zeros(96, 3, 64, dtype=dtype)
     expected_k.index_copy_(0, slots, k)
     expected_v.index_copy_(0, slots, v)
-    assert torch.equal(attn.k_cache.view(96, 3, 64), expected_k) and torch.equal(attn.v_cache.view(96, 3, 64), expected_v)
+    assert torch.equal(key_rows(attn.k_cache).view(96, 3, 64), expected_k)
+    assert torch.equal(attn.v_cache.view(96, 3, 64), expected_v)
+    assert torch.equal(attn.k_cache[1, :, :, 1].reshape(3, 64), k[0])  # slot 17: block 1, pairs of position 1
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -95,7 +102,7 @@ def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, 
     gen = torch.Generator().manual_seed(1)
     (H, Hkv), num_blocks = heads, 80
     attn = PagedAttention(H, Hkv, D, D ** -0.5)
-    attn.k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
+    attn.k_cache = key_pairs(torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype))
     attn.v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
     perm = iter(torch.randperm(num_blocks, generator=gen).tolist())
     prefix = [next(perm) for _ in range(3)]
@@ -121,7 +128,8 @@ def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, 
     assert bool(calls) == cpu_kernels.prefix_kernel(dtype, D, 2 * block_size)
     for i, n in enumerate(lens):
         slots = torch.tensor([int(table[i, t // block_size]) * block_size + t % block_size for t in range(n)])
-        ref = reference(q[i], attn.k_cache.view(-1, Hkv, D)[slots], attn.v_cache.view(-1, Hkv, D)[slots], D ** -0.5)
+        keys, values = key_rows(attn.k_cache).view(-1, Hkv, D)[slots], attn.v_cache.view(-1, Hkv, D)[slots]
+        ref = reference(q[i], keys, values, D ** -0.5)
         assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item()), i
 
 
@@ -140,7 +148,7 @@ def test_prefix_kernel_matches_reference(D, H, Hkv, S, P):
     v_blocks = torch.randn(P // 16, 16, Hkv, D, generator=gen).bfloat16()
     qkv = (3 * torch.randn(S, (H + 2 * Hkv) * D, generator=gen)).bfloat16()
     q = qkv[:, :H * D].view(S, H, D)
-    keys, values = prefix_operands(k_blocks, v_blocks)
+    keys, values = prefix_operands(key_pairs(k_blocks), v_blocks)  # from the pool's layouts
     out, lse = prefix_attention(q, keys, values, D ** -0.5, threads=2)
     G = H // Hkv
     k = k_blocks.reshape(P, Hkv, D).double().repeat_interleave(G, 1)
@@ -270,11 +278,11 @@ def test_prefill_chunk_matches_reference(dtype, tol, block_size, cached):
     H, Hkv, D, num_blocks, q_len = 9, 3, 64, 24, 21
     ctx = cached + q_len
     attn = PagedAttention(H, Hkv, D, D ** -0.5)
-    attn.k_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
+    attn.k_cache = key_pairs(torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype))
     attn.v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
     blocks = torch.randperm(num_blocks, generator=gen)[:-(-ctx // block_size)]
     slots = torch.tensor([int(blocks[t // block_size]) * block_size + t % block_size for t in range(ctx)])
-    keys, values = attn.k_cache.view(-1, Hkv, D)[slots], attn.v_cache.view(-1, Hkv, D)[slots]
+    keys, values = key_rows(attn.k_cache).view(-1, Hkv, D)[slots], attn.v_cache.view(-1, Hkv, D)[slots]
     q = torch.randn(q_len, H, D, generator=gen).to(dtype)
     out = attn._prefill(q, keys[cached:], values[cached:], PrefillSeq(0, q_len, ctx, blocks))
     for i in range(q_len):

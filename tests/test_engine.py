@@ -124,6 +124,7 @@ def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeyp
     per_sequence = tokens(smol32.generate(batch, GREEDY))
     monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 24)
     monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 0)  # the ~300-token system prompt is shared
+    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS_KERNEL", 0)
     monkeypatch.setattr(attention, "MIN_SHARED_TOKENS_PLAIN", 0)
     calls = []
     cascade = attention.PagedAttention._cascade_prefix

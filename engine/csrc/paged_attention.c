@@ -1,15 +1,16 @@
 /* Paged decode attention for the CPU: one query token per sequence attends over its K/V, read in
  * place from the block pool through its block table (no gathered copy). Parallel over
  * (sequence, kv head); each task reads its K and V rows once. fp32 accumulation throughout.
- * With AVX-512 BF16 (bf16 caches, D % 32 == 0, block_size % 16 == 0) scores come 16 tokens at a time
- * from bf16 pair dot products, and for D == 64 the outputs stay in registers while V streams by;
- * with exp vectorised (exp.h), measured (bench/attention.py, batch 64, 454 tokens each) 2.6 -> 0.82
- * ms per layer.
+ * K lies in dimension pairs so that scores vectorise across tokens: with AVX-512 BF16 (bf16 caches,
+ * block_size % 16 == 0) 16 tokens' scores per bf16 pair dot product, fp32 on AVX2 8 per FMA; V lies
+ * token by token, and for D == 64 the outputs stay in registers while V streams by; exp is
+ * vectorised (exp.h).
  *
  * Layouts (contiguous, except q's rows, q_stride elements apart, so q can be a view of the fused
  * qkv projection):
  *   q, out        [B, H, D]
- *   k/v cache     [num_blocks, block_size, Hkv, D]
+ *   k cache       [num_blocks, Hkv, D/2, block_size, 2]
+ *   v cache       [num_blocks, block_size, Hkv, D]
  *   block_tables  [B, max_blocks] int64, seq_lens [B] int64
  * dtype: 0 = float32, 1 = bfloat16 (q, cache and out share it).
  *
@@ -32,48 +33,58 @@
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 
-/* v[0..15] -> one vector whose lane i is the sum of v[i]'s lanes (a tree of shuffles and adds: no
- * horizontal reduction per token). */
-static inline __m512 sum16(const __m512 *v) {
-    __m512 a[8], b[4], c[2];
-    for (int i = 0; i < 8; i++) /* per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] of x = v[2i], y = v[2i+1] */
-        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    for (int i = 0; i < 4; i++) { /* per 128-bit lane: the lane's sum of v[4i .. 4i+3] */
-        __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
-        b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+/* Scores of `rows` query rows of one kv head (at most 4; a constant where it is called, so the loops
+ * unroll) for 32 tokens: two runs of 16 in K's layout ([Hkv, D/2, block_size, 2] a block), k0 and
+ * k1 at pair 0 of their first token. One 64-byte load holds one dimension pair of 16 tokens; it meets
+ * each row's pair, broadcast, in one vdpbf16ps, so lane i accumulates token i's score: no sum across
+ * lanes, and each K vector serves every query row of its head. q: the rows' pairs, `half` apart. */
+static inline __attribute__((always_inline)) void scores_tile(const uint16_t *k0, const uint16_t *k1,
+                                                              int64_t pair_stride, const uint32_t *q, int half,
+                                                              int rows, float scale, float *out, int64_t L,
+                                                              int n0, int n1) {
+    __m512 a0[4], a1[4];
+    for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm512_setzero_ps();
+    for (int p = 0; p < half; p++) {
+        const __m512bh x0 = (__m512bh)_mm512_loadu_si512(k0 + p * pair_stride);
+        const __m512bh x1 = (__m512bh)_mm512_loadu_si512(k1 + p * pair_stride);
+        for (int r = 0; r < rows; r++) {
+            const __m512bh qp = (__m512bh)_mm512_set1_epi32((int32_t)q[r * half + p]);
+            a0[r] = _mm512_dpbf16_ps(a0[r], x0, qp);
+            a1[r] = _mm512_dpbf16_ps(a1[r], x1, qp);
+        }
     }
-    for (int i = 0; i < 2; i++) /* then the four 128-bit lanes are summed in two rounds */
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 s = _mm512_set1_ps(scale);
+    for (int r = 0; r < rows; r++) { /* lanes past the sequence's end are never stored */
+        _mm512_mask_storeu_ps(out + r * L, (__mmask16)((1u << n0) - 1), _mm512_mul_ps(a0[r], s));
+        if (n1) _mm512_mask_storeu_ps(out + r * L + 16, (__mmask16)((1u << n1) - 1), _mm512_mul_ps(a1[r], s));
+    }
 }
 
-/* Pass 1 for bf16 with D % 32 == 0 and block_size % 16 == 0: the scores of 16 tokens at a time,
- * each a chain of bf16 pair dot products (vdpbf16ps, fp32 accumulation), summed by one tree. */
+/* Pass 1 for bf16 with block_size % 16 == 0 (16 tokens never straddle a block): scores [R, L] of the
+ * R = nh * G query rows q (D apart) against kv heads [h0, h0 + nh), 32 tokens at a time.
+ * Measured (bench/attention.py, batch 64, 454 tokens each, the kernel threads): the whole kernel
+ * 1.05 -> XXX ms a layer against K stored token by token (one sum tree per 16 tokens and row). */
 static void scores_bf16(const uint16_t *q, const uint16_t *k_cache, const int64_t *table, int64_t L, int h0,
                         int nh, int G, int Hkv, int D, int block_size, float scale, float *scores) {
-    __m512 v[16];
-    for (int64_t t0 = 0; t0 < L; t0 += 16) {
-        const int n = L - t0 < 16 ? (int)(L - t0) : 16;
-        const int64_t slot = table[t0 / block_size] * block_size + t0 % block_size; /* 16 tokens, one block */
+    const int half = D / 2;
+    const int64_t head = (int64_t)D * block_size, pair_stride = 2 * block_size;
+    for (int64_t t0 = 0; t0 < L; t0 += 32) {
+        const int n0 = L - t0 < 16 ? (int)(L - t0) : 16;
+        const int n1 = L - t0 <= 16 ? 0 : L - t0 < 32 ? (int)(L - t0 - 16) : 16;
+        const int64_t t1 = n1 ? t0 + 16 : t0; /* no second run: the first again, its scores not stored */
+        const uint16_t *b0 = k_cache + table[t0 / block_size] * Hkv * head + t0 % block_size * 2;
+        const uint16_t *b1 = k_cache + table[t1 / block_size] * Hkv * head + t1 % block_size * 2;
         for (int hh = 0; hh < nh; hh++) {
-            const uint16_t *k0 = k_cache + (slot * Hkv + h0 + hh) * D;
-            for (int g = 0; g < G; g++) {
-                const int r = hh * G + g;
-                const uint16_t *qr = q + (int64_t)r * D;
-                for (int t = 0; t < 16; t++) {
-                    __m512 acc = _mm512_setzero_ps();
-                    if (t < n) {
-                        const uint16_t *kr = k0 + (int64_t)t * Hkv * D;
-                        for (int d = 0; d < D; d += 32)
-                            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qr + d),
-                                                   (__m512bh)_mm512_loadu_si512(kr + d));
-                    }
-                    v[t] = acc;
+            const uint16_t *k0 = b0 + (h0 + hh) * head, *k1 = b1 + (h0 + hh) * head;
+            for (int g = hh * G; g < (hh + 1) * G; g += 4) {
+                const uint32_t *qg = (const uint32_t *)(q + (int64_t)g * D);
+                float *out = scores + (size_t)g * L + t0;
+                switch ((hh + 1) * G - g) {
+                case 1: scores_tile(k0, k1, pair_stride, qg, half, 1, scale, out, L, n0, n1); break;
+                case 2: scores_tile(k0, k1, pair_stride, qg, half, 2, scale, out, L, n0, n1); break;
+                case 3: scores_tile(k0, k1, pair_stride, qg, half, 3, scale, out, L, n0, n1); break;
+                default: scores_tile(k0, k1, pair_stride, qg, half, 4, scale, out, L, n0, n1); break;
                 }
-                _mm512_mask_storeu_ps(scores + (size_t)r * L + t0, (__mmask16)((1u << n) - 1),
-                                      _mm512_mul_ps(sum16(v), _mm512_set1_ps(scale)));
             }
         }
     }
@@ -168,7 +179,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
     int64_t slot = 0;
 #if defined(__AVX512BF16__)
-    if (dtype == 1 && D % 32 == 0 && block_size % 16 == 0)
+    if (dtype == 1 && block_size % 16 == 0)
         scores_bf16((const uint16_t *)q + (int64_t)h0 * G * D, k_cache, table, L, h0, nh, G, Hkv, D,
                     block_size, scale, scores);
     else
@@ -179,9 +190,11 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     else
 #endif
     /* Tokens are walked block by block: no division per token (it cost more than the math). */
-    for (int64_t t = 0, next = 0; t < L; t++) { /* pass 1: scores, reading K */
-        if (t == next) { slot = table[t / block_size] * block_size; next += block_size; } else slot++;
-        load_span(k_cache, (slot * Hkv + h0) * D, W, dtype, row);
+    for (int64_t t = 0, next = 0, k0 = 0; t < L; t++, k0 += 2) { /* pass 1: scores, reading K */
+        if (t == next) { k0 = (table[t / block_size] * Hkv + h0) * D * block_size; next += block_size; }
+        for (int hh = 0; hh < nh; hh++) /* the token's K rows, gathered from their dimension pairs */
+            for (int p = 0; p < D / 2; p++)
+                load_span(k_cache, k0 + ((int64_t)hh * D / 2 + p) * 2 * block_size, 2, dtype, row + hh * D + 2 * p);
         for (int r = 0; r < R; r++) {
             const float *qr = qf + r * D, *kr = row + (r / G) * D;
             float s = 0.f;
@@ -280,14 +293,17 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     return atomic_load(&j.failed);
 }
 
-/* The new tokens' K and V rows (row strides k_stride, v_stride elements; each row W contiguous
- * elements) into their cache slots ([slots, W] contiguous caches): one call instead of two
- * index_copy_, which cost ~20 us each at 64 rows. */
+/* The new tokens' K and V (row strides k_stride, v_stride elements; each row's Hkv * D elements
+ * contiguous) into their cache slots: V as whole rows ([slots, Hkv, D]), K as dimension pairs
+ * ([blocks, Hkv, D/2, block_size, 2]). One call instead of two index_copy_ (~20 us each at 64 rows). */
 void kv_store(const void *k, int64_t k_stride, const void *v, int64_t v_stride, void *k_cache, void *v_cache,
-              const int64_t *slots, int64_t T, int W, int dtype) {
-    const int64_t size = dtype == 0 ? 4 : 2;
+              const int64_t *slots, int64_t T, int Hkv, int D, int block_size, int dtype) {
+    const int64_t size = dtype == 0 ? 4 : 2, W = (int64_t)Hkv * D;
     for (int64_t t = 0; t < T; t++) {
-        memcpy((char *)k_cache + slots[t] * W * size, (const char *)k + t * k_stride * size, W * size);
         memcpy((char *)v_cache + slots[t] * W * size, (const char *)v + t * v_stride * size, W * size);
+        const char *src = (const char *)k + t * k_stride * size;
+        char *dst = (char *)k_cache + (slots[t] / block_size * W * block_size + slots[t] % block_size * 2) * size;
+        for (int64_t pair = 0; pair < W / 2; pair++) /* pairs of all heads, each block_size pairs apart */
+            memcpy(dst + pair * 2 * block_size * size, src + pair * 2 * size, 2 * size);
     }
 }

@@ -209,8 +209,9 @@ class PagedAttention(nn.Module):
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """The new tokens' K/V into their slots of the block pool."""
-        if cpu_kernels.supports(k) and k.dtype == self.k_cache.dtype == v.dtype and self.k_cache.is_contiguous() \
-                and self.v_cache.is_contiguous() and cpu_kernels.heads_contiguous(k) and cpu_kernels.heads_contiguous(v):
+        caches = self.k_cache.is_contiguous() and self.v_cache.is_contiguous()
+        if cpu_kernels.supports(k) and k.dtype == self.k_cache.dtype == v.dtype and caches \
+                and cpu_kernels.heads_contiguous(k) and cpu_kernels.heads_contiguous(v):
             cpu_kernels.kv_store(k, v, self.k_cache, self.v_cache, slots)  # one call, no copies of the views
             return
         bs = self.v_cache.shape[1]

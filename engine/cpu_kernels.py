@@ -125,9 +125,8 @@ def supports(t: torch.Tensor) -> bool:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
                            prefix: tuple | None = None, threads: int | None = None) -> torch.Tensor:
-    """q [B, H, D] (rows may be strided, heads contiguous) -> out [B, H, D] (contiguous), returned;
-    k_cache [num_blocks, Hkv, D/2, block_size, 2], v_cache [num_blocks, block_size, Hkv, D]
-    (attention.py's pool layout); int64 tables and lengths.
+    """q [B, H, D] (rows may be strided, heads contiguous) -> out [B, H, D] (contiguous), returned; k_cache
+    [num_blocks, Hkv, D/2, block_size, 2], v_cache [num_blocks, block_size, Hkv, D]; int64 tables, lengths.
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
     out[rows[b]], lse[rows[b]] (engine/attention.py's cascade). threads: None for set_threads'."""
@@ -170,8 +169,7 @@ def prefix_attention(q: torch.Tensor, kt: torch.Tensor, vp: torch.Tensor, scale:
 
 def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slots: torch.Tensor) -> None:
-    """k, v [T, Hkv, D] (rows may be strided, heads contiguous) into the caches' flat slots
-    (paged_decode_attention's layouts)."""
+    """k, v [T, Hkv, D] (rows strided, heads contiguous) into their slots (paged_decode_attention's layouts)."""
     T, Hkv, D = k.shape
     _lib.kv_store(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                   slots.data_ptr(), T, Hkv, D, v_cache.shape[1], _dtype_code(k))

@@ -128,7 +128,8 @@ class KVCacheManager:
             full = min((req.num_computed_tokens + s.num_tokens) // bs, len(blocks))
             for block in blocks[req.num_saved_blocks:full]:
                 if block.block_hash is not None and not self.disk.contains(block.block_hash):
-                    kv = torch.stack((self._k[:, block.block_id].flatten(1), self._v[:, block.block_id].flatten(1))).cpu()
+                    i = block.block_id  # K and V differ in layout: each as [layers, elements]
+                    kv = torch.stack((self._k[:, i].flatten(1), self._v[:, i].flatten(1))).cpu()
                     self.disk.save(block.block_hash, block.token_ids, kv)
             req.num_saved_blocks = max(req.num_saved_blocks, full)
 

@@ -303,7 +303,10 @@ void kv_store(const void *k, int64_t k_stride, const void *v, int64_t v_stride, 
         memcpy((char *)v_cache + slots[t] * W * size, (const char *)v + t * v_stride * size, W * size);
         const char *src = (const char *)k + t * k_stride * size;
         char *dst = (char *)k_cache + (slots[t] / block_size * W * block_size + slots[t] % block_size * 2) * size;
-        for (int64_t pair = 0; pair < W / 2; pair++) /* pairs of all heads, each block_size pairs apart */
-            memcpy(dst + pair * 2 * block_size * size, src + pair * 2 * size, 2 * size);
+        const int64_t step = 2 * block_size * size; /* the pairs of all heads lie block_size pairs apart */
+        if (dtype == 0) /* constant sizes: each copy one move, not a call */
+            for (int64_t pair = 0; pair < W / 2; pair++) memcpy(dst + pair * step, src + pair * 8, 8);
+        else
+            for (int64_t pair = 0; pair < W / 2; pair++) memcpy(dst + pair * step, src + pair * 4, 4);
     }
 }

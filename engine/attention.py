@@ -117,8 +117,8 @@ def prefix_operands(k_blocks: torch.Tensor, v_blocks: torch.Tensor) -> tuple[tor
     """The shared K/V blocks (the pool's layouts) as the operands prefix_attention takes: for our
     kernel (cpu_kernels.prefix_kernel) K as pairs of dimensions [Hkv, D/2, P, 2] and V as pairs of
     tokens [Hkv, P/2, D, 2]; else [1, Hkv, P, D] each, for torch's flash attention."""
-    k, bs, Hkv, D = v_blocks.shape
-    P = k * bs
+    blocks, bs, Hkv, D = v_blocks.shape
+    P = blocks * bs
     if cpu_kernels.prefix_kernel(v_blocks.dtype, D, P):
         return (k_blocks.permute(1, 2, 0, 3, 4).reshape(Hkv, D // 2, P, 2),
                 v_blocks.reshape(P // 2, 2, Hkv, D).permute(2, 0, 3, 1).contiguous())

@@ -25,7 +25,8 @@ static inline __attribute__((always_inline)) void scores_rows_f32(const float *k
         for (int j = 0; j < 4; j++) a[r][j] = _mm256_setzero_ps();
     for (int p = 0; p < D / 2; p++) {
         __m256 qp[3];
-        for (int r = 0; r < ROWS; r++) qp[r] = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(q + r * D + 2 * p)));
+        for (int r = 0; r < ROWS; r++) /* the row's pair (q[2p], q[2p + 1]) in every 64-bit lane */
+            qp[r] = _mm256_castpd_ps(_mm256_broadcast_sd((const double *)(q + r * D + 2 * p)));
         for (int j = 0; j < 4; j++) {
             const __m256 x = _mm256_loadu_ps(k + p * pair_stride + 8 * j);
             for (int r = 0; r < ROWS; r++) a[r][j] = _mm256_fmadd_ps(qp[r], x, a[r][j]);

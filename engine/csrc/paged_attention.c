@@ -177,7 +177,6 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     if (!scores) return 1;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
     for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
-    int64_t slot = 0;
 #if defined(__AVX512BF16__)
     if (dtype == 1 && block_size % 16 == 0)
         scores_bf16((const uint16_t *)q + (int64_t)h0 * G * D, k_cache, table, L, h0, nh, G, Hkv, D,
@@ -223,7 +222,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
 #endif
     {
         memset(acc, 0, sizeof(float) * R * D);
-        for (int64_t t = 0, next = 0; t < L; t++) { /* pass 2: weighted values, reading V */
+        for (int64_t t = 0, next = 0, slot = 0; t < L; t++) { /* pass 2: weighted values, reading V */
             if (t == next) { slot = table[t / block_size] * block_size; next += block_size; } else slot++;
             load_span(v_cache, (slot * Hkv + h0) * D, W, dtype, row);
             for (int r = 0; r < R; r++) {

@@ -11,7 +11,8 @@ torch 2.13.0, less the torchvision/torchaudio/torchcodec it pulls. vLLM is start
 distribution) in the dtype pagedchat picks on this CPU (bf16 with AVX-512 BF16 or AMX, else fp32,
 where vLLM's bf16 is emulated; --vllm-dtype overrides), prefix caching, 64 sequences, 2 GiB of KV
 cache, OpenMP on cores 0-1 and its bundled libiomp5 preloaded. pagedchat runs `python -m server` on
-its default (the GGUF, 4-bit blocks kept packed) unless --ours-hf serves it the same bf16 folder.
+its default (the GGUF, 4-bit blocks kept packed, decode rows as int8 per 32 inputs) unless --ours-hf
+serves it the same bf16 folder; --with-bf16-rows runs it a second time with --no-int8-activations.
 Prints generated tok/s, the ratio, and TTFT p50 per concurrency. A benchmark, not a test.
 """
 from __future__ import annotations
@@ -113,6 +114,8 @@ def main() -> None:
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--skip-ours", action="store_true")
     p.add_argument("--ours-hf", action="store_true", help="serve pagedchat the same bf16 folder as vLLM")
+    p.add_argument("--with-bf16-rows", action="store_true",
+                   help="also run pagedchat with --no-int8-activations (a column of its own)")
     p.add_argument("--vllm-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="auto: the dtype pagedchat picks on this CPU")
     args = p.parse_args()
@@ -125,6 +128,10 @@ def main() -> None:
                 "--served-model-name", "smollm2"] + (["--model", folder] if args.ours_hf else [])
     results = {} if args.skip_ours else {
         "pagedchat": serve_and_drive("pagedchat", ours_cmd, dict(os.environ), port, "smollm2", args)}
+    if args.with_bf16_rows and not args.skip_ours:
+        port = free_port()
+        cmd = [*ours_cmd[:4], str(port), *ours_cmd[5:], "--no-int8-activations"]
+        results["bf16 rows"] = serve_and_drive("pagedchat-bf16", cmd, dict(os.environ), port, "smollm2", args)
     if not args.skip_vllm:
         python = setup_vllm(args.vllm_venv)
         iomp = glob.glob(os.path.join(args.vllm_venv, "**", "libiomp5.so"), recursive=True)
@@ -135,17 +142,24 @@ def main() -> None:
                "smollm2", "--port", str(port), "--dtype", vllm_dtype, "--enable-prefix-caching",
                "--max-num-seqs", "64"]
         results["vLLM"] = serve_and_drive("vllm", cmd, env, port, "smollm2", args)
-    ours, theirs = results.get("pagedchat", {}), results.get("vLLM", {})
+    ours, theirs, bf16 = results.get("pagedchat", {}), results.get("vLLM", {}), results.get("bf16 rows")
     print(f"\ncustomer-service sessions, {args.turns} turns, greedy, max_tokens 64, seed {args.seed}; "
           f"pagedchat on {'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; "
           f"vLLM in {vllm_dtype}")
-    print("| sessions | pagedchat tok/s | vLLM CPU tok/s | ratio | TTFT p50 pagedchat | TTFT p50 vLLM |")
-    print("|---|---|---|---|---|---|")
+    extra = " | pagedchat bf16 rows tok/s | ratio" if bf16 else ""
+    print(f"| sessions | pagedchat tok/s | vLLM CPU tok/s | ratio | TTFT p50 pagedchat | TTFT p50 vLLM{extra} |")
+    print("|---|---|---|---|---|---|" + "---|---|" * bool(bf16))
     for c in args.concurrency:
         o, t = ours.get(c), theirs.get(c)
-        ratio = f"{o['tok_s'] / t['tok_s']:.2f}x" if o and t else "-"
-        print(f"| {c} | {cell(o, 'tok_s', 1, '.1f')} | {cell(t, 'tok_s', 1, '.1f')} | {ratio} | "
-              f"{cell(o, 'ttft_p50', 1000, '.0f', ' ms')} | {cell(t, 'ttft_p50', 1000, '.0f', ' ms')} |")
+        row = f"| {c} | {cell(o, 'tok_s', 1, '.1f')} | {cell(t, 'tok_s', 1, '.1f')} | {ratio(o, t)} | " \
+              f"{cell(o, 'ttft_p50', 1000, '.0f', ' ms')} | {cell(t, 'ttft_p50', 1000, '.0f', ' ms')} |"
+        if bf16:
+            row += f" {cell(bf16.get(c), 'tok_s', 1, '.1f')} | {ratio(bf16.get(c), t)} |"
+        print(row)
+
+
+def ratio(ours: dict | None, theirs: dict | None) -> str:
+    return f"{ours['tok_s'] / theirs['tok_s']:.2f}x" if ours and theirs else "-"
 
 
 def cell(result: dict | None, key: str, scale: float, fmt: str, unit: str = "") -> str:

@@ -22,7 +22,8 @@ _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_nor
                                                       "quant_matmul.c", "quant_matmul_f32.c", "argmax.c",
                                                       "prefix_attention.c", "pool.c")]
 # part of the build's cache key, not compiled alone
-_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "bf16.h", "exp.h", "pool.h")]
+_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "bf16.h", "exp.h", "pool.h",
+                                                      "quant_int8_rows.h")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
 # only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-pthread", "-shared",
@@ -32,6 +33,7 @@ _tried = False
 _quant_dtypes: tuple[torch.dtype, ...] | None = None  # quant_matmul_dtypes(), once known
 _prefix_kernel: bool | None = None  # prefix_kernel()'s probe of the build
 _threads = len(os.sched_getaffinity(0))
+_int8_activations = True  # set_int8_activations()
 _lock = threading.Lock()
 
 
@@ -58,34 +60,22 @@ def _build() -> ctypes.CDLL | None:
             return None
         os.replace(tmp, path)
     lib = ctypes.CDLL(path)
-    fn = lib.paged_decode_attention
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 9 + [ctypes.c_int] * 6 + \
-        [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    lib.prefix_attention.restype = ctypes.c_int
-    lib.prefix_attention.argtypes = [ctypes.c_void_p, ctypes.c_int64] + [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4 + \
-        [ctypes.c_int64, ctypes.c_float, ctypes.c_int]
-    lib.kv_store.restype = None
-    lib.kv_store.argtypes = [ctypes.c_void_p, ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] + \
-        [ctypes.c_int] * 4
-    lib.rms_norm.restype = None
-    lib.rms_norm.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_int,
-                                                     ctypes.c_int]
-    lib.rotary_neox.restype = None
-    lib.rotary_neox.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + \
-        [ctypes.c_int64] + [ctypes.c_int] * 4
-    lib.silu_and_mul.restype = None
-    lib.silu_and_mul.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    lib.int4_matmul.restype = ctypes.c_int
-    lib.int4_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
-    lib.argmax_rows.restype = None
-    lib.argmax_rows.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_int]
-    lib.int8_matmul.restype = ctypes.c_int
-    lib.int8_matmul.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    lib.int4_matmul_f32.restype = ctypes.c_int
-    lib.int4_matmul_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 5
-    lib.int8_matmul_f32.restype = ctypes.c_int
-    lib.int8_matmul_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    matmul4, matmul8 = (ctypes.c_int, [ptr] * 4 + [i32] * 5), (ctypes.c_int, [ptr] * 4 + [i32] * 4)
+    signatures = {  # name: (return type, argument types)
+        "paged_decode_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 9 + [i32] * 6 + [f32, i32, i32]),
+        "prefix_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 4 + [i32] * 4 + [i64, f32, i32]),
+        "kv_store": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
+        "rms_norm": (None, [ptr] * 4 + [i64, i32, f32, i32, i32]),
+        "rotary_neox": (None, [ptr] * 2 + [i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
+        "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
+        "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),
+        "int4_matmul": matmul4, "int4_matmul_i8": matmul4, "int4_matmul_f32": matmul4,
+        "int8_matmul": matmul8, "int8_matmul_f32": matmul8,
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
     return lib
 
 
@@ -116,6 +106,13 @@ def set_threads(n: int) -> None:
 
 def threads() -> int:
     return _threads
+
+
+def set_int8_activations(on: bool) -> None:
+    """Whether bf16 rows meet 4-bit weights as int8 per 32 inputs (the engine's int8_activations;
+    csrc/quant_matmul.c's int4_matmul_i8) or in bf16 (int4_matmul)."""
+    global _int8_activations
+    _int8_activations = bool(on)
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -275,13 +272,16 @@ def int8_pack(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return q.reshape(N // 16, 16, K // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int,
+                int8_activations: bool | None = None) -> torch.Tensor:
     """x [M, K] @ the packed 4-bit weight^T -> [M, N] in x's dtype, bfloat16 or float32, which picks
-    the kernel: pack for it (int4_pack)."""
+    the kernel: pack for it (int4_pack). bf16 rows go as int8 per 32 inputs when `int8_activations`
+    (None: set_int8_activations')."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
-    fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul
+    int8 = _int8_activations if int8_activations is None else int8_activations
+    fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul_i8 if int8 else _lib.int4_matmul
     if fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads):
         raise MemoryError("int4_matmul could not allocate")
     return y

@@ -21,7 +21,7 @@ from engine.kv_disk import open_disk_tier
 from engine.kv_disk_format import model_identity
 from engine.logprobs import LogprobsRecorder
 from engine.model_runner import ModelRunner
-from engine.quant.kernels import weight_bytes
+from engine.quant.kernels import int8_rows_in_use, weight_bytes
 from engine.quant.methods import load_model
 from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from engine.parallel import Family, child_params, fork
@@ -48,6 +48,7 @@ class LLMEngine:
         self.config = config
         torch.set_num_threads(config.resolved_threads())
         cpu_kernels.set_threads(config.resolved_threads())
+        cpu_kernels.set_int8_activations(config.int8_activations)
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
         t0 = time.perf_counter()
@@ -59,6 +60,8 @@ class LLMEngine:
         identity = model_identity(self.model, self.dtype, self.quantization, config.block_size)  # before packing
         pack_dense_weights(self.model)
         self.weight_bytes = weight_bytes(self.model)
+        # what the panel and the log show: "gguf, int8 rows" where decode rows meet 4-bit weights as int8
+        self.quantization_shown = self.quantization + (", int8 rows" if int8_rows_in_use(self.model) else "")
         num_blocks = num_kv_blocks(config, ModelRunner.bytes_per_block(self.model, config.block_size, self.dtype),
                                    self.device)
         self.max_model_len = fit_to_pool(self.max_model_len, config.max_model_len, num_blocks, config.block_size)
@@ -81,7 +84,7 @@ class LLMEngine:
         self.stats = EngineStats(kv_blocks_total=num_blocks, block_size=config.block_size)
         log.info("loaded %s (%s, %s, quantization %s, %d threads) in %.1fs: weights %.0f MiB, %d KV blocks "
                  "of %d tokens (%.0f MiB), max_model_len %d", self.source.name, self.device,
-                 str(self.dtype).removeprefix("torch."), self.quantization, torch.get_num_threads(),
+                 str(self.dtype).removeprefix("torch."), self.quantization_shown, torch.get_num_threads(),
                  self.load_seconds, self.weight_bytes / 2**20, num_blocks, config.block_size,
                  self.runner.kv_cache_bytes / 2**20, self.max_model_len)
 
@@ -284,7 +287,7 @@ class LLMEngine:
 
     def model_info(self, model: str | None) -> ModelInfo:
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
-                         str(self.device), str(self.dtype).removeprefix("torch."), self.quantization,
+                         str(self.device), str(self.dtype).removeprefix("torch."), self.quantization_shown,
                          self.sampling_defaults, self.sampling_source)
 
     def check_integrity(self) -> None:

@@ -36,4 +36,4 @@ def take_snapshot(engine: LLMEngine) -> dict:
                       cuda_reserved=torch.cuda.memory_reserved(engine.device), cuda_free=free, cuda_total=total)
     return {"time": time.time(), "stats": dataclasses.asdict(engine.get_stats()), "block_states": bytes(states),
             "block_owners": owners, "memory": memory, "model": engine.source.name, "device": str(engine.device),
-            "dtype": str(engine.dtype).removeprefix("torch."), "quantization": engine.quantization}
+            "dtype": str(engine.dtype).removeprefix("torch."), "quantization": engine.quantization_shown}

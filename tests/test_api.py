@@ -30,7 +30,7 @@ def test_min_tokens_above_max_tokens_is_refused():
 @pytest.mark.parametrize("field, value", [
     ("block_size", 8), ("dtype", "int3"), ("device", "tpu"), ("max_num_seqs", 0),
     ("max_num_batched_tokens", -1), ("scheduling_policy", "lifo"), ("num_kv_blocks", 1),
-    ("max_model_len", 0), ("quantization", "fp3"), ("num_threads", 0),
+    ("max_model_len", 0), ("quantization", "fp3"), ("num_threads", 0), ("int8_activations", "yes"),
 ])
 def test_each_bad_engine_value_is_a_clear_error(field, value):
     with pytest.raises(ValueError, match=field):

@@ -10,6 +10,11 @@
  *     sum_k x[k] w[n, k] = scale * sum_k x[k] (128 + q) + (zero - 136 scale) * sum_k x[k]
  * with both sums in fp32 (the products of two 8-bit mantissas are exact).
  * 8-bit: w[n, k] = q[n, k] * scale[n], q in -127..127 (exact in bf16), converted through fp32.
+ * 4-bit with int8 activations (int4_matmul_i8, AVX-512 VNNI; what llama.cpp computes for Q4 weights, its
+ * Q8 activations): each row is rounded to int8 per 32 inputs, x[k] ~ xq[k] * d (d = max |x| / 127), and
+ * the nibbles meet them in integer dot products of 4 (vpdpbusd: twice the multiply-adds of vdpbf16ps)
+ *     sum_k x[k] w[n, k] = d * scale * sum_k xq[k] q[k] + (zero - 8 scale) * sum_k x[k]
+ * per 32 inputs, the integer sum exact, the second sum over the unrounded x.
  *
  * Layouts (built by engine/cpu_kernels.py's int4_pack / int8_pack), N % 16 == 0:
  *   4-bit packed [N/16][K/4][32] bytes (K % group == 0, group % 4 == 0): byte 2c + i of (block b,
@@ -20,14 +25,14 @@
  *   8-bit packed [N/16][K/2][32] int8 (K % 2 == 0): byte 2c + i of (block b, pair p) is
  *           q[16b + c, 2p + i]; scales [N] fp32.
  *   x [M, K] bf16 contiguous, y [M, N] bf16.
- * Return 0, or -1 where this CPU lacks AVX-512 BF16 (the caller then uses torch), -2 out of memory.
+ * Return 0, or -1 where this CPU lacks AVX-512 BF16 and VNNI (the caller then uses torch), -2 out of memory.
  */
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "pool.h"
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -105,21 +110,27 @@ ALWAYS_INLINE void tile8(const int8_t *packed, const float *scales, const uint16
     }
 }
 
-/* One tile of either kind: BITS is a constant at every call. */
-ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const uint16_t *x, const float *xsum, uint16_t *y,
-                            int64_t b0, int m0, int K, int G, int group, int N, const int MR, const int NB,
-                            const int BITS) {
-    if (BITS == 4) tile4(packed, scales, x, xsum, y, b0, m0, K, G, group, N, MR, NB);
-    else tile8(packed, scales, x, y, b0, m0, K, N, MR, NB);
+#include "quant_int8_rows.h"
+
+/* The kinds of tile: KIND is a constant at every call. */
+enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12 };
+
+ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
+                            uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N, const int MR, const int NB,
+                            const enum kind KIND) {
+    if (KIND == INT4) tile4(packed, scales, x, xsum, y, b0, m0, K, G, group, N, MR, NB);
+    else if (KIND == INT8) tile8(packed, scales, x, y, b0, m0, K, N, MR, NB);
+    else tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB);
 }
 
 /* Blocks [b0, b0 + nb) for every row: chunks of 8 rows one block at a time (block by block, all
  * chunks: 24-48 rows of SmolLM2's linears streamed 10-25% faster than chunk by chunk), fewer rows over more
  * blocks at once (about the same count of independent accumulators; one row over 8 blocks streamed
  * SmolLM2's 4-bit weights at 10.8 GB/s against 8.6 over 4). */
-ALWAYS_INLINE void columns(const void *packed, const void *scales, const uint16_t *x, const float *xsum,
-                           uint16_t *y, int64_t b0, int nb, int M, int K, int G, int group, int N, const int BITS) {
-#define TILE(MR, NB) any_tile(packed, scales, x, xsum, y, b0 + b, m, K, G, group, N, MR, NB, BITS)
+ALWAYS_INLINE void columns(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
+                           uint16_t *y, int64_t b0, int nb, int M, int K, int G, int group, int N,
+                           const enum kind KIND) {
+#define TILE(MR, NB) any_tile(packed, scales, x, xd, xsum, y, b0 + b, m, K, G, group, N, MR, NB, KIND)
     int m = 0;
     if (M >= 8) { /* each block's weights stay in L1 while every chunk of 8 rows takes them */
         for (int b = 0; b < nb; b++)
@@ -146,21 +157,22 @@ ALWAYS_INLINE void columns(const void *packed, const void *scales, const uint16_
 }
 
 struct job {
-    const void *packed, *scales;
-    const uint16_t *x;
-    const float *xsum;
+    const void *packed, *scales, *x;
+    const float *xd, *xsum;
     void *y;
-    int M, K, G, group, N, bits;
+    int M, K, G, group, N;
+    enum kind kind;
 };
 
 /* Each part takes an even share of the 16-column blocks (sums run the same whatever the split). */
 static void columns_part(void *ctx, int part, int parts) {
     const struct job *j = ctx;
     const int64_t b0 = pool_share(j->N / 16, part, parts), nb = pool_share(j->N / 16, part + 1, parts) - b0;
-#define COLUMNS(BITS) \
-    columns(j->packed, j->scales, j->x, j->xsum, j->y, b0, (int)nb, j->M, j->K, j->G, j->group, j->N, BITS)
-    if (j->bits == 4) COLUMNS(4); /* a constant at each call: the tiles unroll for it */
-    else COLUMNS(8);
+#define COLUMNS(KIND) \
+    columns(j->packed, j->scales, j->x, j->xd, j->xsum, j->y, b0, (int)nb, j->M, j->K, j->G, j->group, j->N, KIND)
+    if (j->kind == INT4) COLUMNS(INT4); /* a constant at each call: the tiles unroll for it */
+    else if (j->kind == INT8) COLUMNS(INT8);
+    else COLUMNS(INT4_I8);
 #undef COLUMNS
 }
 
@@ -168,12 +180,10 @@ static void columns_part(void *ctx, int part, int parts) {
  * row: 192x576 2.1 us on one thread, 1.6 on two; 576x576 6.2 against 4.1; 576x1536 19.9 against 11.0). */
 #define THREADS_FROM (1 << 16)
 
-static void run(const void *packed, const void *scales, const uint16_t *x, const float *xsum, void *y, int M, int K,
-                int G, int group, int N, int threads, int bits) {
-    struct job j = {packed, scales, x, xsum, y, M, K, G, group, N, bits};
-    if ((int64_t)M * N * K < THREADS_FROM) threads = 1;
-    if (threads > N / 16) threads = N / 16;
-    pool_run(threads, columns_part, &j);
+static void run(struct job *j, int threads) {
+    if ((int64_t)j->M * j->N * j->K < THREADS_FROM) threads = 1;
+    if (threads > j->N / 16) threads = j->N / 16;
+    pool_run(threads, columns_part, j);
 }
 
 int int4_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
@@ -194,17 +204,39 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
             }
             xsum[(int64_t)m * G + g] = s;
         }
-    run(packed, scales, xb, xsum, y, M, K, G, group, N, threads, 4);
+    struct job j = {packed, scales, x, NULL, xsum, y, M, K, G, group, N, INT4};
+    run(&j, threads);
     free(xsum);
     return 0;
 }
 
+int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                   int threads) {
+    if (M <= 0 || N <= 0) return 0;
+    const int A = K / 32;
+    int8_t *xq = malloc((size_t)M * K + 2 * sizeof(float) * (size_t)M * A);
+    if (!xq) return -2;
+    struct rows_job r = {x, xq, (float *)(xq + (size_t)M * K), (float *)(xq + (size_t)M * K) + (size_t)M * A, M, K};
+    pool_run(threads < M ? threads : M, quantize_rows, &r);
+    struct job j = {packed, scales, xq, r.xd, r.xsum, y, M, K, K / group, group, N, INT4_I8};
+    run(&j, threads);
+    free(xq);
+    return 0;
+}
+
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
-    if (M > 0 && N > 0) run(packed, scales, x, NULL, y, M, K, 1, K, N, threads, 8);
+    struct job j = {packed, scales, x, NULL, NULL, y, M, K, 1, K, N, INT8};
+    if (M > 0 && N > 0) run(&j, threads);
     return 0;
 }
 
 #else
+int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                   int threads) {
+    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
+    return -1;
+}
+
 int int4_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                 int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;

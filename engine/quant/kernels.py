@@ -182,6 +182,13 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
+def int8_rows_in_use(model) -> bool:
+    """Whether decode rows of this model meet 4-bit weights as int8 (cpu_kernels.set_int8_activations)."""
+    return cpu_kernels._int8_activations and any(
+        isinstance(getattr(m, "quant", None), Int4Weight) and m.quant.kernel_dtype == torch.bfloat16
+        for m in model.modules())
+
+
 def weight_bytes(model) -> int:
     """Bytes the weights take: parameters plus packed weights and their dense copies."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())

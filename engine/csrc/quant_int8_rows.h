@@ -1,0 +1,79 @@
+/* The int8-activation half of quant_matmul.c (included there, after load16_bf16): bf16 rows rounded to
+ * int8 per 32 inputs (quantize_rows) and the tile that meets them with the 4-bit weights (tile4_i8). */
+#ifndef PAGEDCHAT_QUANT_INT8_ROWS_H
+#define PAGEDCHAT_QUANT_INT8_ROWS_H
+
+/* 4-bit weights, int8 activations. The packed bytes are tile4's: a quad's 32 bytes widened to 16-bit
+ * words, (w | w << 4) & 0x0F0F puts q[c, 4j + i] in byte 0 and q[c, 4j + 2 + i] in byte 1 of word 2c + i,
+ * so column c's 32-bit lane holds the quad's k in the order 0, 2, 1, 3: quantize_rows stores xq so. */
+ALWAYS_INLINE void tile4_i8(const uint8_t *packed, const uint16_t *scales, const int8_t *xq, const float *xd,
+                            const float *xsum, uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N,
+                            const int MR, const int NB) {
+    const __m512i nibbles = _mm512_set1_epi16(0x0F0F);
+    const __m512 minus8 = _mm512_set1_ps(-8.f);
+    const int A = K / 32;
+    __m512 total[MR][NB];
+    for (int m = 0; m < MR; m++)
+        for (int b = 0; b < NB; b++) total[m][b] = _mm512_setzero_ps();
+    for (int a = 0; a < A; a++) {
+        __m512i dot[MR][NB];
+        for (int m = 0; m < MR; m++)
+            for (int b = 0; b < NB; b++) dot[m][b] = _mm512_setzero_si512();
+        for (int j = 8 * a; j < 8 * a + 8; j++) {
+            for (int b = 0; b < NB; b++) {
+                const uint8_t *src = packed + ((b0 + b) * (K / 4) + j) * 32;
+                const __m512i words = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)src));
+                const __m512i q = _mm512_ternarylogic_epi32(words, _mm512_slli_epi16(words, 4), nibbles, 0xA8);
+                for (int m = 0; m < MR; m++) {
+                    const int32_t *xr = (const int32_t *)(xq + (int64_t)(m0 + m) * K + 4 * j);
+                    dot[m][b] = _mm512_dpbusd_epi32(dot[m][b], q, _mm512_set1_epi32(xr[0]));
+                }
+            }
+        }
+        const int g = a * 32 / group;
+        for (int b = 0; b < NB; b++) {
+            const uint16_t *sz = scales + (((b0 + b) * G + g) * 2) * 16;
+            const __m512 s = load16_bf16(sz), shift = _mm512_fmadd_ps(minus8, s, load16_bf16(sz + 16));
+            for (int m = 0; m < MR; m++) {
+                const int64_t at = (int64_t)(m0 + m) * A + a;
+                const __m512 ds = _mm512_mul_ps(s, _mm512_set1_ps(xd[at]));
+                total[m][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][b]), ds, total[m][b]);
+                total[m][b] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[at]), shift, total[m][b]);
+            }
+        }
+    }
+    for (int m = 0; m < MR; m++)
+        for (int b = 0; b < NB; b++)
+            _mm256_storeu_si256((__m256i *)(y + (int64_t)(m0 + m) * N + (b0 + b) * 16),
+                                (__m256i)_mm512_cvtneps_pbh(total[m][b]));
+}
+
+struct rows_job {
+    const uint16_t *x;
+    int8_t *xq;
+    float *xd, *xsum;
+    int M, K;
+};
+
+/* Rows of x to int8 per 32 inputs: xq (each quad's k in the order 0, 2, 1, 3, as tile4_i8 reads the
+ * nibbles), xd the step d, xsum the sum of the unrounded inputs. Round to nearest even. */
+static void quantize_rows(void *ctx, int part, int parts) {
+    const struct rows_job *j = ctx;
+    const __m512i quads = _mm512_set_epi32(15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
+    const int A = j->K / 32;
+    for (int64_t m = pool_share(j->M, part, parts); m < pool_share(j->M, part + 1, parts); m++)
+        for (int a = 0; a < A; a++) {
+            const int64_t at = m * A + a, k = m * j->K + 32 * a;
+            const __m512 lo = load16_bf16(j->x + k), hi = load16_bf16(j->x + k + 16);
+            const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+            const __m512 inv = _mm512_set1_ps(top > 0.f ? 127.f / top : 0.f);
+            j->xd[at] = top / 127.f;
+            j->xsum[at] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+            const __m512i qlo = _mm512_permutexvar_epi32(quads, _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv)));
+            const __m512i qhi = _mm512_permutexvar_epi32(quads, _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv)));
+            _mm_storeu_si128((__m128i *)(j->xq + k), _mm512_cvtepi32_epi8(qlo));
+            _mm_storeu_si128((__m128i *)(j->xq + k + 16), _mm512_cvtepi32_epi8(qhi));
+        }
+}
+
+#endif

@@ -71,7 +71,7 @@ def _build() -> ctypes.CDLL | None:
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
         "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),
         "int4_matmul": matmul4, "int4_matmul_i8": matmul4, "int4_matmul_f32": matmul4,
-        "int8_matmul": matmul8, "int8_matmul_f32": matmul8,
+        "int8_matmul": matmul8, "int8_matmul_i8": matmul8, "int8_matmul_f32": matmul8,
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -109,10 +109,14 @@ def threads() -> int:
 
 
 def set_int8_activations(on: bool) -> None:
-    """Whether bf16 rows meet 4-bit weights as int8 per 32 inputs (the engine's int8_activations;
-    csrc/quant_matmul.c's int4_matmul_i8) or in bf16 (int4_matmul)."""
+    """Whether weights packed from now on take bf16 rows as int8 per 32 inputs (the engine's
+    int8_activations; csrc/quant_matmul.c's *_i8 kernels) or as they are."""
     global _int8_activations
     _int8_activations = bool(on)
+
+
+def int8_activations() -> bool:
+    return _int8_activations
 
 
 def supports(t: torch.Tensor) -> bool:
@@ -263,37 +267,40 @@ def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
     return packed, torch.stack(per_block, dim=2).contiguous()
 
 
-def int8_pack(q: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """q [N, K] int8 -> the `dtype` kernel's packed layout: bfloat16 [N/16, K/2, 32], float32
-    [N/16, K, 16] (see the csrc files)."""
+def int8_pack(q: torch.Tensor, dtype: torch.dtype, int8_rows: bool = False) -> torch.Tensor:
+    """q [N, K] int8 -> the `dtype` kernel's packed layout: bfloat16 [N/16, K/2, 32], or for int8 rows
+    [N/16, K/4, 64] uint8 (q + 128, each quad's k in the order 0, 2, 1, 3), float32 [N/16, K, 16]
+    (see the csrc files)."""
     N, K = q.shape
+    if int8_rows:
+        quads = (q.to(torch.int16) + 128).to(torch.uint8).reshape(N // 16, 16, K // 4, 4)[..., [0, 2, 1, 3]]
+        return quads.permute(0, 2, 1, 3).reshape(N // 16, K // 4, 64)
     if dtype == torch.float32:
         return q.reshape(N // 16, 16, K).transpose(1, 2).contiguous()
     return q.reshape(N // 16, 16, K // 2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int,
-                int8_activations: bool | None = None) -> torch.Tensor:
+                int8_rows: bool = False) -> torch.Tensor:
     """x [M, K] @ the packed 4-bit weight^T -> [M, N] in x's dtype, bfloat16 or float32, which picks
-    the kernel: pack for it (int4_pack). bf16 rows go as int8 per 32 inputs when `int8_activations`
-    (None: set_int8_activations')."""
+    the kernel: pack for it (int4_pack). `int8_rows`: bf16 rows rounded to int8 per 32 inputs (the
+    same packed bytes)."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
-    int8 = _int8_activations if int8_activations is None else int8_activations
-    fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul_i8 if int8 else _lib.int4_matmul
+    fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul_i8 if int8_rows else _lib.int4_matmul
     if fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads):
         raise MemoryError("int4_matmul could not allocate")
     return y
 
 
-def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int8_rows: bool = False) -> torch.Tensor:
     """x [M, K] @ the packed int8 weight^T * scales (fp32 [N]) -> [M, N] in x's dtype, bfloat16 or
-    float32, which picks the kernel: pack for it (int8_pack)."""
+    float32, which picks the kernel: pack for it (int8_pack, with the same `int8_rows`)."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
-    fn = _lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul
+    fn = _lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul_i8 if int8_rows else _lib.int8_matmul
     if fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], _threads):
         raise MemoryError("int8_matmul could not allocate")
     return y

@@ -69,7 +69,7 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
     deq = (q.double() - 8) * kept[0][gidx].T + kept[1][gidx].T
     x = (torch.randn(17, K, generator=g) * 3).to(dtype)
     x[3, 40:72] = 0  # a group of zeros: step 0
-    matmul = lambda rows: cpu_kernels.int4_matmul(rows, packed, sz, group, int8_activations=int8)  # noqa: E731
+    matmul = lambda rows: cpu_kernels.int4_matmul(rows, packed, sz, group, int8)  # noqa: E731
     alone = torch.cat([matmul(x[i:i + 1]) for i in range(17)])
     for m in range(1, 18):
         y = matmul(x[:m])
@@ -79,25 +79,32 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
         assert ((y.double() - ref).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max() + slack).all(), m
         assert torch.equal(y, alone[:m])
     if int8:
-        assert not torch.equal(alone, cpu_kernels.int4_matmul(x, packed, sz, group, int8_activations=False))
+        assert not torch.equal(alone, cpu_kernels.int4_matmul(x, packed, sz, group))
 
 
 @pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
 @pytest.mark.parametrize("dtype", OUR_KERNELS)
+@pytest.mark.parametrize("int8", [False, True], ids=["as-is", "int8-rows"])
 @pytest.mark.parametrize("n", [48, 80])
-def test_our_int8_kernel_against_fp64_and_batch_invariant(dtype, n):
+def test_our_int8_kernel_against_fp64_and_batch_invariant(dtype, int8, n):
+    if int8 and dtype != torch.bfloat16:
+        pytest.skip("int8 activations are for bf16 rows")
     g = torch.Generator().manual_seed(n)
     K = 192
     q, scales = quantize_int8(torch.randn(n, K, generator=g))
-    packed = cpu_kernels.int8_pack(q, dtype)
+    q[0, :4] = torch.tensor([127, -127, -128, 0], dtype=torch.int8)  # the extremes, -128 included
+    packed = cpu_kernels.int8_pack(q, dtype, int8)
     deq = q.double() * scales.double()[:, None]
     x = (torch.randn(11, K, generator=g) * 3).to(dtype)
-    alone = torch.cat([cpu_kernels.int8_matmul(x[i:i + 1], packed, scales) for i in range(11)])
+    x[2, 32:64] = 0  # a group of zeros: step 0
+    matmul = lambda rows: cpu_kernels.int8_matmul(rows, packed, scales, int8)  # noqa: E731
+    alone = torch.cat([matmul(x[i:i + 1]) for i in range(11)])
     for m in range(1, 12):
-        y = cpu_kernels.int8_matmul(x[:m], packed, scales)
+        y = matmul(x[:m])
         ref = x[:m].double() @ deq.T
+        slack = int8_rounding_bound(x[:m], deq) if int8 else 0
         assert y.dtype == dtype and y.shape == (m, n)
-        assert ((y.double() - ref).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max()).all(), m
+        assert ((y.double() - ref).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max() + slack).all(), m
         assert torch.equal(y, alone[:m])
 
 

@@ -1,5 +1,6 @@
 /* The int8-activation half of quant_matmul.c (included there, after load16_bf16): bf16 rows rounded to
- * int8 per 32 inputs (quantize_rows) and the tile that meets them with the 4-bit weights (tile4_i8). */
+ * int8 per 32 inputs (quantize_rows) and the tiles that meet them with 4-bit weights (tile4_i8) and
+ * 8-bit ones (tile8_i8). */
 #ifndef PAGEDCHAT_QUANT_INT8_ROWS_H
 #define PAGEDCHAT_QUANT_INT8_ROWS_H
 
@@ -48,20 +49,60 @@ ALWAYS_INLINE void tile4_i8(const uint8_t *packed, const uint16_t *scales, const
                                 (__m256i)_mm512_cvtneps_pbh(total[m][b]));
 }
 
+/* 8-bit weights, int8 activations. Layout [N/16][K/4][64] bytes (int8_pack_vnni): byte 4c + t of (block
+ * b, quad j) is q[16b + c, 4j + (0, 2, 1, 3)[t]] + 128, unsigned as vpdpbusd takes it, so
+ *     sum_k x[k] w[n, k] = scale[n] * (sum_a d_a sum_k xq[k] (q[k] + 128) - xbias),
+ * xbias = sum_a d_a 128 sum_k xq[k] (quantize_rows, per row). */
+ALWAYS_INLINE void tile8_i8(const uint8_t *packed, const float *scales, const int8_t *xq, const float *xd,
+                            const float *xbias, uint16_t *y, int64_t b0, int m0, int K, int N, const int MR,
+                            const int NB) {
+    const int A = K / 32;
+    __m512 total[MR][NB];
+    for (int m = 0; m < MR; m++)
+        for (int b = 0; b < NB; b++) total[m][b] = _mm512_setzero_ps();
+    for (int a = 0; a < A; a++) {
+        __m512i dot[MR][NB];
+        for (int m = 0; m < MR; m++)
+            for (int b = 0; b < NB; b++) dot[m][b] = _mm512_setzero_si512();
+        for (int j = 8 * a; j < 8 * a + 8; j++)
+            for (int b = 0; b < NB; b++) {
+                const __m512i q = _mm512_loadu_si512(packed + ((b0 + b) * (K / 4) + j) * 64);
+                for (int m = 0; m < MR; m++) {
+                    const int32_t *xr = (const int32_t *)(xq + (int64_t)(m0 + m) * K + 4 * j);
+                    dot[m][b] = _mm512_dpbusd_epi32(dot[m][b], q, _mm512_set1_epi32(xr[0]));
+                }
+            }
+        for (int m = 0; m < MR; m++) {
+            const __m512 d = _mm512_set1_ps(xd[(int64_t)(m0 + m) * A + a]);
+            for (int b = 0; b < NB; b++) total[m][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[m][b]), d, total[m][b]);
+        }
+    }
+    for (int b = 0; b < NB; b++) {
+        const __m512 s = _mm512_loadu_ps(scales + (b0 + b) * 16);
+        for (int m = 0; m < MR; m++) {
+            const __m512 sum = _mm512_sub_ps(total[m][b], _mm512_set1_ps(xbias[m0 + m]));
+            _mm256_storeu_si256((__m256i *)(y + (int64_t)(m0 + m) * N + (b0 + b) * 16),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(sum, s)));
+        }
+    }
+}
+
 struct rows_job {
     const uint16_t *x;
     int8_t *xq;
-    float *xd, *xsum;
+    float *xd, *xsum, *xbias; /* xbias: NULL, or tile8_i8's per row */
     int M, K;
 };
 
 /* Rows of x to int8 per 32 inputs: xq (each quad's k in the order 0, 2, 1, 3, as tile4_i8 reads the
- * nibbles), xd the step d, xsum the sum of the unrounded inputs. Round to nearest even. */
+ * nibbles), xd the step d, xsum the sum of the unrounded inputs, xbias (if wanted) tile8_i8's. Round to
+ * nearest even. */
 static void quantize_rows(void *ctx, int part, int parts) {
     const struct rows_job *j = ctx;
     const __m512i quads = _mm512_set_epi32(15, 13, 14, 12, 11, 9, 10, 8, 7, 5, 6, 4, 3, 1, 2, 0);
     const int A = j->K / 32;
-    for (int64_t m = pool_share(j->M, part, parts); m < pool_share(j->M, part + 1, parts); m++)
+    for (int64_t m = pool_share(j->M, part, parts); m < pool_share(j->M, part + 1, parts); m++) {
+        float bias = 0.f;
         for (int a = 0; a < A; a++) {
             const int64_t at = m * A + a, k = m * j->K + 32 * a;
             const __m512 lo = load16_bf16(j->x + k), hi = load16_bf16(j->x + k + 16);
@@ -73,7 +114,10 @@ static void quantize_rows(void *ctx, int part, int parts) {
             const __m512i qhi = _mm512_permutexvar_epi32(quads, _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv)));
             _mm_storeu_si128((__m128i *)(j->xq + k), _mm512_cvtepi32_epi8(qlo));
             _mm_storeu_si128((__m128i *)(j->xq + k + 16), _mm512_cvtepi32_epi8(qhi));
+            bias += j->xd[at] * 128.f * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
         }
+        if (j->xbias) j->xbias[m] = bias;
+    }
 }
 
 #endif

@@ -113,14 +113,15 @@ ALWAYS_INLINE void tile8(const int8_t *packed, const float *scales, const uint16
 #include "quant_int8_rows.h"
 
 /* The kinds of tile: KIND is a constant at every call. */
-enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12 };
+enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16 };
 
 ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
                             uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N, const int MR, const int NB,
                             const enum kind KIND) {
     if (KIND == INT4) tile4(packed, scales, x, xsum, y, b0, m0, K, G, group, N, MR, NB);
     else if (KIND == INT8) tile8(packed, scales, x, y, b0, m0, K, N, MR, NB);
-    else tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB);
+    else if (KIND == INT4_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB);
+    else tile8_i8(packed, scales, x, xd, xsum, y, b0, m0, K, N, MR, NB);
 }
 
 /* Blocks [b0, b0 + nb) for every row: chunks of 8 rows one block at a time (block by block, all
@@ -172,7 +173,8 @@ static void columns_part(void *ctx, int part, int parts) {
     columns(j->packed, j->scales, j->x, j->xd, j->xsum, j->y, b0, (int)nb, j->M, j->K, j->G, j->group, j->N, KIND)
     if (j->kind == INT4) COLUMNS(INT4); /* a constant at each call: the tiles unroll for it */
     else if (j->kind == INT8) COLUMNS(INT8);
-    else COLUMNS(INT4_I8);
+    else if (j->kind == INT4_I8) COLUMNS(INT4_I8);
+    else COLUMNS(INT8_I8);
 #undef COLUMNS
 }
 
@@ -210,18 +212,29 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
     return 0;
 }
 
-int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                   int threads) {
+/* Rows rounded to int8 (quantize_rows), then the tiles of `kind`. */
+static int with_int8_rows(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
+                          int group, int threads, enum kind kind) {
     if (M <= 0 || N <= 0) return 0;
-    const int A = K / 32;
-    int8_t *xq = malloc((size_t)M * K + 2 * sizeof(float) * (size_t)M * A);
+    const size_t A = K / 32, floats = 2 * (size_t)M * A + M;
+    int8_t *xq = malloc((size_t)M * K + sizeof(float) * floats);
     if (!xq) return -2;
-    struct rows_job r = {x, xq, (float *)(xq + (size_t)M * K), (float *)(xq + (size_t)M * K) + (size_t)M * A, M, K};
+    float *xd = (float *)(xq + (size_t)M * K), *xsum = xd + M * A, *xbias = xsum + M * A;
+    struct rows_job r = {x, xq, xd, xsum, kind == INT8_I8 ? xbias : NULL, M, K};
     pool_run(threads < M ? threads : M, quantize_rows, &r);
-    struct job j = {packed, scales, xq, r.xd, r.xsum, y, M, K, K / group, group, N, INT4_I8};
+    struct job j = {packed, scales, xq, xd, kind == INT8_I8 ? xbias : xsum, y, M, K, K / group, group, N, kind};
     run(&j, threads);
     free(xq);
     return 0;
+}
+
+int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                   int threads) {
+    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, INT4_I8);
+}
+
+int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
+    return with_int8_rows(x, packed, scales, y, M, K, N, K, threads, INT8_I8);
 }
 
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
@@ -231,6 +244,11 @@ int int8_matmul(const void *x, const void *packed, const void *scales, void *y, 
 }
 
 #else
+int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
+    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
+    return -1;
+}
+
 int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                    int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;

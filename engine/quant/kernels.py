@@ -1,11 +1,11 @@
 """Quantized weights in their kernels' layouts, converted once at load.
 
 CPU: a packed kernel serves decode-sized batches: ours (engine/csrc/quant_matmul.c for bf16 rows where
-the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 for 4-bit weights (cpu_kernels.
-set_int8_activations); engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else
-PyTorch's `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul
-(engine/dense.py) on many rows, so each weight also keeps a dense copy in the model dtype (prompt
-rows always take it) and `packed_rows` picks the path per call.
+the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 (cpu_kernels.set_int8_activations);
+engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else PyTorch's
+`_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul (engine/dense.py)
+on many rows, so each weight also keeps a dense copy in the model dtype (prompt rows take it, except
+in steps small enough for int8 rows) and `packed_rows` picks the path per call.
 CUDA: `torch._weight_int4pack_mm` for every row count, no dense copy.
 """
 from __future__ import annotations
@@ -33,17 +33,23 @@ OUR_SMALL_M = {(4, torch.bfloat16): 64, (8, torch.bfloat16): 8, (4, torch.float3
 # 8-bit weights with int8 rows (the LM head, 49152x576, ms, int8 rows vs bf16 rows vs dense): 1 row 0.94 vs
 # 1.16 vs 3.31, 8 rows 2.30 vs 2.67 vs 3.85, 32 rows 6.4 vs 8.6 vs 7.0, 64 rows 11.4 vs 16.5 vs 18.2.
 INT8_ROWS_SMALL_M = 64
+# 4-bit weights with int8 rows take every row of a step of up to this many, prompts' too: one layer's
+# four matmuls (ms, int8 rows vs dense bf16) 64 rows 1.87 vs 4.16, 128 3.5 vs 7.0, 256 6.6 vs 9.2, 512
+# 14.2 vs 12.8, 1024 33 vs 27. Each row is rounded alone, so a row computes the same in any such step.
+INT8_ROWS_ALL_ROWS = 384
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
-def packed_rows(rows: int, limit: int) -> int:
-    """How many leading rows take the packed kernel (the rest the dense copy). In a model step: its
-    decode rows when there are at most `limit`, never a prompt's rows, so a prompt computes the
-    same whether the prefix cache held part of it or not, and a decode the same whatever prompts
-    share its step. Elsewhere (the LM head, scoring): all rows when there are at most `limit`."""
+def packed_rows(rows: int, limit: int, all_rows: int = 0) -> int:
+    """How many leading rows take the packed kernel (the rest the dense copy). In a model step: all
+    of them when there are at most `all_rows` (int8 rows), else its decode rows when there are at
+    most `limit`, never a prompt's rows, so a decode computes the same whatever prompts share its
+    step. Elsewhere (the LM head, scoring): all rows when there are at most `limit`."""
     decodes = decode_rows()
     if decodes is None:
         return rows if rows <= limit else 0
+    if rows <= all_rows:
+        return rows
     return decodes if decodes <= limit else 0
 
 
@@ -57,9 +63,10 @@ class QuantizedWeight:
     dense: DenseWeight | None
     small_m: int  # rows up to which the packed kernel serves (packed_rows)
     int8_rows = False  # bf16 rows rounded to int8 per 32 inputs (cpu_kernels.set_int8_activations at load)
+    all_rows = 0  # packed_rows'
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        small = packed_rows(x.shape[0], self.small_m) if self.dense is not None else x.shape[0]
+        small = packed_rows(x.shape[0], self.small_m, self.all_rows) if self.dense is not None else x.shape[0]
         if small == 0:
             return self.dense(x)
         y = self._packed_matmul(x[:small])
@@ -99,6 +106,7 @@ class Int4Weight(QuantizedWeight):
             else:
                 self.packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         self.small_m = OUR_SMALL_M[4, self.kernel_dtype] if self.kernel_dtype is not None else SMALL_M
+        self.all_rows = INT8_ROWS_ALL_ROWS if self.int8_rows else 0
         self.dense = DenseWeight(self.dequantize(q, scales, zeros).to(dtype)) \
             if keep_dense and device.type == "cpu" else None
 

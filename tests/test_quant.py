@@ -133,14 +133,15 @@ def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent
 
 @pytest.mark.skipif(torch.bfloat16 not in cpu_kernels.quant_matmul_dtypes(), reason="no AVX-512 BF16 and VNNI")
 def test_the_engine_setting_picks_the_kernel_for_decode_rows(tiny_model, monkeypatch):
-    """int8_activations (default on) sends a bf16 model's decode rows to the int8-row kernel; off, to
-    the bf16 one; and the greedy tokens agree at first (a tiny random model: a few tokens in)."""
+    """int8_activations (default on) sends a bf16 model's decode rows, and a small step's prompt rows,
+    to the int8-row kernel; off, decode rows to the bf16 one; the greedy tokens agree at first."""
     path, _ = tiny_model("qwen2")
     monkeypatch.setattr(cpu_kernels, "_int8_activations", cpu_kernels._int8_activations)  # restored after
-    calls = []
+    calls = []  # (kernel, rows)
     for name in ("int4_matmul", "int4_matmul_i8"):
         fn = getattr(cpu_kernels._lib, name)
-        monkeypatch.setattr(cpu_kernels._lib, name, lambda *a, fn=fn, name=name: calls.append(name) or fn(*a))
+        spy = lambda *a, fn=fn, name=name: calls.append((name, a[4])) or fn(*a)  # noqa: E731
+        monkeypatch.setattr(cpu_kernels._lib, name, spy)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     tokens = {}
     for on in (False, True):
@@ -148,7 +149,8 @@ def test_the_engine_setting_picks_the_kernel_for_decode_rows(tiny_model, monkeyp
         options = {} if on else {"int8_activations": False}
         llm = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=32, **options)
         tokens[on] = llm.generate([[5, 6, 7, 8]], params)[0].outputs[0].token_ids
-        assert set(calls) == {"int4_matmul_i8" if on else "int4_matmul"}
+        assert {name for name, _ in calls} == {"int4_matmul_i8" if on else "int4_matmul"}
+        assert (4 in {rows for _, rows in calls}) == on  # the prompt's 4 rows: packed with int8 rows only
         assert llm.engine.quantization_shown == ("int4, int8 rows" if on else "int4")  # what the panel shows
     assert tokens[True][:2] == tokens[False][:2]
 

@@ -32,8 +32,8 @@ class EngineConfig:
     quantization: str | None = None  # None: "gguf" (packed 4-bit) for GGUF files where packed kernels run, else "none"
     seed: int = 0
     num_threads: int | None = None  # None: one per core this process may use
-    # 4-bit linears take bf16 decode rows as int8 per 32 inputs (llama.cpp's Q8 activations for Q4 weights;
-    # AVX-512 VNNI, 1.5x the bf16 kernel at 32-64 rows); False: bf16 products
+    # packed linears (4-bit, the 8-bit LM head) take bf16 rows as int8 per 32 inputs (llama.cpp's Q8
+    # activations; AVX-512 VNNI, 1.2-1.7x the bf16 kernel at 8-64 rows); False: bf16 products
     int8_activations: bool = True
     max_waiting: int = 1024  # bounded waiting queue: past it, add_request says "overloaded"
     # vLLM's: "raw_logprobs" are the model's log-softmax; "processed_logprobs" those of the distribution
@@ -136,7 +136,7 @@ def add_engine_args(parser) -> None:
     g.add_argument("--threads", dest="num_threads", type=int, default=None,
                    help="torch threads (default: one per available core)")
     g.add_argument("--no-int8-activations", dest="int8_activations", action="store_false",
-                   help="4-bit linears multiply bf16 rows as they are, not rounded to int8 per 32 inputs")
+                   help="packed 4-/8-bit linears multiply bf16 rows as they are, not rounded to int8 per 32 inputs")
     g.add_argument("--max-waiting", type=int, default=1024)
     g.add_argument("--kv-disk", default=None, metavar="PATH",
                    help="keep KV blocks that fall out of use in this folder, so returning sessions (also after a "

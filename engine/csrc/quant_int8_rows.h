@@ -49,7 +49,7 @@ ALWAYS_INLINE void tile4_i8(const uint8_t *packed, const uint16_t *scales, const
                                 (__m256i)_mm512_cvtneps_pbh(total[m][b]));
 }
 
-/* 8-bit weights, int8 activations. Layout [N/16][K/4][64] bytes (int8_pack_vnni): byte 4c + t of (block
+/* 8-bit weights, int8 activations. Layout [N/16][K/4][64] bytes (int8_pack with int8_rows): byte 4c + t of (block
  * b, quad j) is q[16b + c, 4j + (0, 2, 1, 3)[t]] + 128, unsigned as vpdpbusd takes it, so
  *     sum_k x[k] w[n, k] = scale[n] * (sum_a d_a sum_k xq[k] (q[k] + 128) - xbias),
  * xbias = sum_a d_a 128 sum_k xq[k] (quantize_rows, per row). */

@@ -23,7 +23,8 @@
  *           pairs (k = 4j, 4j + 1) per column and the high ones the next pair.
  *         scales [N/16][G][2][16] bf16: per block and group, 16 scales then 16 zeros.
  *   8-bit packed [N/16][K/2][32] int8 (K % 2 == 0): byte 2c + i of (block b, pair p) is
- *           q[16b + c, 2p + i]; scales [N] fp32.
+ *           q[16b + c, 2p + i]; scales [N] fp32. With int8 rows (int8_matmul_i8) a layout of its own,
+ *           described at tile8_i8 (quant_int8_rows.h).
  *   x [M, K] bf16 contiguous, y [M, N] bf16.
  * Return 0, or -1 where this CPU lacks AVX-512 BF16 and VNNI (the caller then uses torch), -2 out of memory.
  */

@@ -33,7 +33,6 @@ _tried = False
 _quant_dtypes: tuple[torch.dtype, ...] | None = None  # quant_matmul_dtypes(), once known
 _prefix_kernel: bool | None = None  # prefix_kernel()'s probe of the build
 _threads = len(os.sched_getaffinity(0))
-_int8_activations = True  # set_int8_activations()
 _lock = threading.Lock()
 
 
@@ -106,17 +105,6 @@ def set_threads(n: int) -> None:
 
 def threads() -> int:
     return _threads
-
-
-def set_int8_activations(on: bool) -> None:
-    """Whether weights packed from now on take bf16 rows as int8 per 32 inputs (the engine's
-    int8_activations; csrc/quant_matmul.c's *_i8 kernels) or as they are."""
-    global _int8_activations
-    _int8_activations = bool(on)
-
-
-def int8_activations() -> bool:
-    return _int8_activations
 
 
 def supports(t: torch.Tensor) -> bool:

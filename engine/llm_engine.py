@@ -21,7 +21,7 @@ from engine.kv_disk import open_disk_tier
 from engine.kv_disk_format import model_identity
 from engine.logprobs import LogprobsRecorder
 from engine.model_runner import ModelRunner
-from engine.quant.kernels import int8_rows_in_use, weight_bytes
+from engine.quant.kernels import int8_rows_in_use, set_int8_activations, weight_bytes
 from engine.quant.methods import load_model
 from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from engine.parallel import Family, child_params, fork
@@ -48,7 +48,7 @@ class LLMEngine:
         self.config = config
         torch.set_num_threads(config.resolved_threads())
         cpu_kernels.set_threads(config.resolved_threads())
-        cpu_kernels.set_int8_activations(config.int8_activations)
+        set_int8_activations(config.int8_activations)
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
         t0 = time.perf_counter()

@@ -136,7 +136,9 @@ def test_the_engine_setting_picks_the_kernel_for_decode_rows(tiny_model, monkeyp
     """int8_activations (default on) sends a bf16 model's decode rows, and a small step's prompt rows,
     to the int8-row kernel; off, decode rows to the bf16 one; the greedy tokens agree at first."""
     path, _ = tiny_model("qwen2")
-    monkeypatch.setattr(cpu_kernels, "_int8_activations", cpu_kernels._int8_activations)  # restored after
+    from engine.quant import kernels
+
+    monkeypatch.setattr(kernels, "_int8_activations", kernels._int8_activations)  # restored after
     calls = []  # (kernel, rows)
     for name in ("int4_matmul", "int4_matmul_i8"):
         fn = getattr(cpu_kernels._lib, name)

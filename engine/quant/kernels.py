@@ -1,7 +1,7 @@
 """Quantized weights in their kernels' layouts, converted once at load.
 
 CPU: a packed kernel serves decode-sized batches: ours (engine/csrc/quant_matmul.c for bf16 rows where
-the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 (cpu_kernels.set_int8_activations);
+the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 (set_int8_activations);
 engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else PyTorch's
 `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul (engine/dense.py)
 on many rows, so each weight also keeps a dense copy in the model dtype (prompt rows take it, except
@@ -40,6 +40,16 @@ INT8_ROWS_ALL_ROWS = 384
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
+_int8_activations = True  # set_int8_activations()
+
+
+def set_int8_activations(on: bool) -> None:
+    """Whether weights packed from now on take bf16 rows as int8 per 32 inputs (the engine's
+    int8_activations; csrc/quant_matmul.c's *_i8 kernels) or as they are."""
+    global _int8_activations
+    _int8_activations = bool(on)
+
+
 def packed_rows(rows: int, limit: int, all_rows: int = 0) -> int:
     """How many leading rows take the packed kernel (the rest the dense copy). In a model step: all
     of them when there are at most `all_rows` (int8 rows), else its decode rows when there are at
@@ -62,7 +72,7 @@ class QuantizedWeight:
     bits: int
     dense: DenseWeight | None
     small_m: int  # rows up to which the packed kernel serves (packed_rows)
-    int8_rows = False  # bf16 rows rounded to int8 per 32 inputs (cpu_kernels.set_int8_activations at load)
+    int8_rows = False  # bf16 rows rounded to int8 per 32 inputs (set_int8_activations at load)
     all_rows = 0  # packed_rows'
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,7 +106,7 @@ class Int4Weight(QuantizedWeight):
         self.N, self.K, self.group_size, self.dtype, self.perm = N, K, group_size, dtype, perm
         device = q.device
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if device.type == "cpu" else None
-        self.int8_rows = self.kernel_dtype == torch.bfloat16 and cpu_kernels.int8_activations()
+        self.int8_rows = self.kernel_dtype == torch.bfloat16 and _int8_activations
         if self.kernel_dtype is not None:
             self.packed, self.scales_and_zeros = cpu_kernels.int4_pack(q, scales, zeros, self.kernel_dtype)
         else:
@@ -144,7 +154,7 @@ class Int8Weight(QuantizedWeight):
         self.dtype = dtype
         fits = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if fits else None
-        self.int8_rows = self.kernel_dtype == torch.bfloat16 and cpu_kernels.int8_activations() and q.shape[1] % 32 == 0
+        self.int8_rows = self.kernel_dtype == torch.bfloat16 and _int8_activations and q.shape[1] % 32 == 0
         if self.kernel_dtype is not None:
             self.q = cpu_kernels.int8_pack(self.q, self.kernel_dtype, self.int8_rows)
             self.scales = scales.float().contiguous()
@@ -201,7 +211,7 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def int8_rows_in_use(model) -> bool:
-    """Whether decode rows of this model meet its packed weights as int8 (cpu_kernels.set_int8_activations)."""
+    """Whether decode rows of this model meet its packed weights as int8 (set_int8_activations)."""
     return any(getattr(getattr(m, name, None), "int8_rows", False)
                for m in model.modules() for name in ("quant", "lm_head_quant"))
 

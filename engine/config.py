@@ -101,16 +101,17 @@ class EngineConfig:
             return getattr(torch, self.dtype)
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if _cpu_has_fast_bf16() else torch.float32
+        return torch.bfloat16 if cpu_flags() & {"avx512_bf16", "amx_bf16"} else torch.float32
 
 
-def _cpu_has_fast_bf16() -> bool:
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = f.read()
+            line = next((line for line in f if line.startswith("flags")), "")
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return frozenset()
+    return frozenset(line.partition(":")[2].split())
 
 
 def _positive_int(x: object) -> bool:

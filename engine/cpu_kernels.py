@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from engine.config import cache_dir
+from engine.config import cache_dir, cpu_flags
 
 log = logging.getLogger("pagedchat.kernels")
 
@@ -44,7 +44,9 @@ def _build() -> ctypes.CDLL | None:
         with open(source, "rb") as f:
             src += f.read()
     cc = os.environ.get("CC", "cc")
-    key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
+    # -march=native builds for this CPU: a cached build is reused only on the same features
+    features = sorted(cpu_flags())
+    key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), *features]).encode()).hexdigest()[:16]
     cache = os.path.join(cache_dir(), "kernels")
     path = os.path.join(cache, f"kernels-{key}.so")
     if not os.path.exists(path):
@@ -76,15 +78,6 @@ def _build() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     return lib
-
-
-def _cpu_flags() -> str:
-    """-march=native builds for this CPU: a cached build is reused only on the same features."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
 
 
 def available() -> bool:

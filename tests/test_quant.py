@@ -157,6 +157,32 @@ def test_the_engine_setting_picks_the_kernel_for_decode_rows(tiny_model, monkeyp
     assert tokens[True][:2] == tokens[False][:2]
 
 
+@pytest.mark.skipif(torch.bfloat16 not in cpu_kernels.quant_matmul_dtypes(), reason="no AVX-512 BF16 and VNNI")
+def test_int8_rows_take_every_row_so_chunking_leaves_greedy_unchanged(tiny_model, monkeypatch):
+    """Without AMX, 4-bit layers with int8 rows keep no dense copy and take all 450 rows of a prompt
+    run in one step, so its greedy tokens equal those of the same prompt in chunks of 64; with AMX
+    (its flag faked) they keep the dense copy for large steps' prompt rows."""
+    path, _ = tiny_model("qwen2")
+    from engine.quant import kernels
+
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset())
+    rows = []
+    fn = cpu_kernels._lib.int4_matmul_i8
+    monkeypatch.setattr(cpu_kernels._lib, "int4_matmul_i8", lambda *a: rows.append(a[4]) or fn(*a))
+    prompt = [[(37 * i) % 400 + 20 for i in range(450)]]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    tokens = {}
+    for budget in (1024, 64):
+        llm = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64, max_num_batched_tokens=budget)
+        assert llm.engine.model.model.layers[0].mlp.down_proj.quant.dense is None
+        tokens[budget] = llm.generate(prompt, params)[0].outputs[0].token_ids
+    assert 450 in rows and max(rows) == 450  # the whole prompt in one step, through the packed kernel
+    assert tokens[1024] == tokens[64]
+    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    amx = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64)
+    assert amx.engine.model.model.layers[0].mlp.down_proj.quant.dense is not None
+
+
 def test_int4_act_order_permutation_is_undone():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(32, 128, generator=g)

@@ -4,8 +4,9 @@ CPU: a packed kernel serves decode-sized batches: ours (engine/csrc/quant_matmul
 the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 (set_int8_activations);
 engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else PyTorch's
 `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul (engine/dense.py)
-on many rows, so each weight also keeps a dense copy in the model dtype (prompt rows take it, except
-in steps small enough for int8 rows) and `packed_rows` picks the path per call.
+on many rows, so each weight also keeps a dense copy in the model dtype (prompt rows take it) and
+`packed_rows` picks the path per call; 4-bit weights with int8 rows take every row and keep none, except
+on CPUs with AMX, where large steps' prompt rows take the dense copy.
 CUDA: `torch._weight_int4pack_mm` for every row count, no dense copy.
 """
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 
 from engine import cpu_kernels
 from engine.attention import decode_rows
+from engine.config import cpu_flags
 from engine.dense import DenseWeight
 
 # Rows up to which the packed kernels beat dense bf16 in a decode step on this CPU. Measured in the
@@ -33,10 +35,15 @@ OUR_SMALL_M = {(4, torch.bfloat16): 64, (8, torch.bfloat16): 8, (4, torch.float3
 # 8-bit weights with int8 rows (the LM head, 49152x576, ms, int8 rows vs bf16 rows vs dense): 1 row 0.94 vs
 # 1.16 vs 3.31, 8 rows 2.30 vs 2.67 vs 3.85, 32 rows 6.4 vs 8.6 vs 7.0, 64 rows 11.4 vs 16.5 vs 18.2.
 INT8_ROWS_SMALL_M = 64
-# 4-bit weights with int8 rows take every row of a step of up to this many, prompts' too: one layer's
-# four matmuls (ms, int8 rows vs dense bf16) 64 rows 1.87 vs 4.16, 128 3.5 vs 7.0, 256 6.6 vs 9.2, 512
-# 14.2 vs 12.8, 1024 33 vs 27. Each row is rounded alone, so a row computes the same in any such step.
-INT8_ROWS_ALL_ROWS = 384
+# 4-bit weights with int8 rows take every row of every step, prompts' too, and keep no dense copy:
+# each row is rounded alone, so a row computes the same in any step, and without matrix units the
+# integer dot products win at every size. Measured on a Xeon with AVX-512 VNNI and no AMX (2026-12-02,
+# ms, int8 rows vs dense bf16, 2 threads): 3072x576 64 rows 0.73 vs 1.79, 256 3.0 vs 8.5, 1024 13.5 vs
+# 26.5; 576x1536 1024 rows 9.2 vs 16.2; a 1024-token prompt step 2156 -> ~1300 ms. On an AMD EPYC (AVX-512,
+# no AMX, 2026-12-01; one layer's four matmuls) 64 rows 1.87 vs 4.16, 256 6.6 vs 9.2, 512 14.2 vs 12.8,
+# 1024 33 vs 27. Where the CPU has AMX, oneDNN's bf16 tiles take the prompt rows of steps above
+# INT8_ROWS_ALL_ROWS_AMX rows (a dense copy is kept for them).
+INT8_ROWS_ALL_ROWS_AMX = 384
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 
 
@@ -116,9 +123,10 @@ class Int4Weight(QuantizedWeight):
             else:
                 self.packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         self.small_m = OUR_SMALL_M[4, self.kernel_dtype] if self.kernel_dtype is not None else SMALL_M
-        self.all_rows = INT8_ROWS_ALL_ROWS if self.int8_rows else 0
+        every_row = self.int8_rows and "amx_bf16" not in cpu_flags()
+        self.all_rows = INT8_ROWS_ALL_ROWS_AMX if self.int8_rows else 0
         self.dense = DenseWeight(self.dequantize(q, scales, zeros).to(dtype)) \
-            if keep_dense and device.type == "cpu" else None
+            if keep_dense and device.type == "cpu" and not every_row else None
 
     def dequantize(self, q, scales, zeros) -> torch.Tensor:
         g = torch.arange(self.K, device=q.device) // self.group_size

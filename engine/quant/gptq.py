@@ -113,20 +113,18 @@ def collect_hessians(model, tokenizer, text: str, seq_len: int = 256,
     names of the Linears that read it."""
     ids = tokenizer(text, return_tensors="pt").input_ids[0]
     chunks = [ids[i:i + seq_len] for i in range(0, len(ids) - 16, seq_len)][:max_chunks]
-    groups: dict[tuple[str, str], list[str]] = {}
-    readers = {}  # the first Linear of each group: its hook collects the group's H
+    groups: dict[tuple[str, str], list[tuple[str, torch.nn.Module]]] = {}  # (parent, input) -> its readers
     for name, module in model.named_modules():
         parent, _, leaf = name.rpartition(".")
         if leaf in INPUTS:
-            readers.setdefault((parent, INPUTS[leaf]), module)
-            groups.setdefault((parent, INPUTS[leaf]), []).append(name)
+            groups.setdefault((parent, INPUTS[leaf]), []).append((name, module))
     hessians: dict[tuple[str, ...], torch.Tensor] = {}
     hooks = []
-    for key, module in readers.items():
-        def hook(_, inputs, __, names=tuple(groups[key])):
+    for readers in groups.values():  # the first reader's hook collects the group's H
+        def hook(_, inputs, __, names=tuple(name for name, _ in readers)):
             x = inputs[0].reshape(-1, inputs[0].shape[-1]).float()
             hessians[names] = hessians.get(names, 0) + x.T @ x
-        hooks.append(module.register_forward_hook(hook))
+        hooks.append(readers[0][1].register_forward_hook(hook))
     with torch.no_grad():
         for chunk in chunks:
             model(chunk.unsqueeze(0))
@@ -159,11 +157,9 @@ def quantize_checkpoint(model_path: str | None, out: str, group_size: int = 64, 
         weights = [tensors.pop(f"{name}.weight") for name in names]
         with flushed_denormals():
             q, scales, zeros, g_idx = gptq_quantize(torch.cat(weights), H, group_size, sym, desc_act)
-        row = 0
-        for name, w in zip(names, weights):
-            rows = slice(row, row + w.shape[0])
-            row += w.shape[0]
-            for part, value in pack_gptq(q[rows], scales[:, rows], zeros[:, rows], g_idx, v1=sym).items():
+        sizes = [w.shape[0] for w in weights]
+        for name, *own in zip(names, q.split(sizes), scales.split(sizes, dim=1), zeros.split(sizes, dim=1)):
+            for part, value in pack_gptq(*own, g_idx, v1=sym).items():
                 tensors[f"{name}.{part}"] = value.contiguous()
     log.info("quantized %d linears in %.1fs", sum(map(len, hessians)), time.perf_counter() - t0)
     os.makedirs(out, exist_ok=True)

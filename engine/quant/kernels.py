@@ -39,7 +39,7 @@ INT8_ROWS_SMALL_M = 64
 # each row is rounded alone, so a row computes the same in any step, and without matrix units the
 # integer dot products win at every size. Measured on a Xeon with AVX-512 VNNI and no AMX (2026-12-02,
 # ms, int8 rows vs dense bf16, 2 threads): 3072x576 64 rows 0.73 vs 1.79, 256 3.0 vs 8.5, 1024 13.5 vs
-# 26.5; 576x1536 1024 rows 9.2 vs 16.2; a 1024-token prompt step 2156 -> ~1300 ms. On an AMD EPYC (AVX-512,
+# 26.5; 576x1536 1024 rows 9.2 vs 16.2; a 1024-token prompt step 2156 -> 1252 ms. On an AMD EPYC (AVX-512,
 # no AMX, 2026-12-01; one layer's four matmuls) 64 rows 1.87 vs 4.16, 256 6.6 vs 9.2, 512 14.2 vs 12.8,
 # 1024 33 vs 27. Where the CPU has AMX, oneDNN's bf16 tiles take the prompt rows of steps above
 # INT8_ROWS_ALL_ROWS_AMX rows (a dense copy is kept for them).

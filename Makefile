@@ -1,11 +1,12 @@
 # `make run`: install everything into .venv and start the app on the embedded default model.
-# `make test`: install everything (with the test tools) and run the test suite.
+# `make test`: install everything (with the test tools) and run the test suite (CI's command).
+# `make test-fast`: the tests that load no model and start no server.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install install-dev browser tools run test bench
+.PHONY: install install-dev browser tools run test test-fast bench
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,10 @@ run: install
 
 test: install-dev browser tools
 	$(PY) -m pytest -q
+
+# The fast tier: no model loaded, no server started (pytest.ini's markers); about half a minute here.
+test-fast: install-dev
+	$(PY) -m pytest -q -m "not e2e"
 
 bench: install-dev
 	$(PY) -m bench.throughput $(ARGS)

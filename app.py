@@ -16,7 +16,7 @@ import sys
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 from engine.checkpoint.source import DEFAULT_MODEL_NAME
 from engine.client import EngineClient
-from engine.config import EngineConfig, add_engine_args, config_from_args
+from engine.config import EngineConfig, add_engine_args, config_from_args, knobs
 from server.auth import Credentials, VisitorCookie, read_secret
 from server.middleware import VisitorCookieMiddleware
 from server.cli import add_server_args, credentials_from_args, limiter_from_args, serve
@@ -31,10 +31,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_engine_args(p)
     add_server_args(p, port=7860)
     p.add_argument("--db", default="pagedchat.db", help="SQLite file for users, chats and messages")
-    p.add_argument("--auth-file", default=os.environ.get("PAGEDCHAT_AUTH_FILE"), metavar="PATH",
+    p.add_argument("--auth-file", default=knobs().auth_file, metavar="PATH",
                    help="logins, `NAME:scrypt$...` lines made by `python -m server.auth add-user PATH NAME`; "
                         "without logins or API keys each browser is its own visitor (a signed cookie)")
-    p.add_argument("--secret-file", default=os.environ.get("PAGEDCHAT_SECRET_FILE"), metavar="PATH",
+    p.add_argument("--secret-file", default=knobs().secret_file, metavar="PATH",
                    help="the key that signs visitor cookies (default: $PAGEDCHAT_SECRET, else one made once and "
                         "kept in the database)")
     p.add_argument("--cache-isolation", choices=("shared", "user"), default="shared",
@@ -54,7 +54,7 @@ def make_client(config: EngineConfig, engine_url: str | None) -> EngineClient:
     if engine_url:
         from server.remote import RemoteLLM
 
-        return RemoteLLM(engine_url, config.model, api_key=os.environ.get("PAGEDCHAT_ENGINE_API_KEY"))
+        return RemoteLLM(engine_url, config.model, api_key=knobs().engine_api_key)
     from engine.async_llm import AsyncLLM
 
     return AsyncLLM(config)
@@ -97,7 +97,7 @@ def build_app(args: argparse.Namespace):
 
 
 def visitor_secret(args: argparse.Namespace, store: Store) -> str:
-    return read_secret(args.secret_file) or os.environ.get("PAGEDCHAT_SECRET") or store.secret()
+    return read_secret(args.secret_file) or knobs().secret or store.secret()
 
 
 def login(credentials: Credentials):

@@ -24,7 +24,7 @@ from ui.simulate import CUSTOMER_SERVICE_PROMPT, user_turns
 def layer_times(llm: LLM, rows=(1, 8, 32, 64)) -> list[tuple[int, float, float]]:
     """Median ms of layer 0's 4-bit matmuls by row count: bf16 rows, int8 rows."""
     layer = llm.engine.model.model.layers[0]
-    weights = [m.quant for m in layer.modules() if isinstance(getattr(m, "quant", None), kernels.Int4Weight)]
+    weights = [m.kernel for m in layer.modules() if isinstance(getattr(m, "kernel", None), kernels.Int4Weight)]
     out = []
     for m in rows:
         xs = [torch.randn(m, w.K).bfloat16() for w in weights]

@@ -17,7 +17,7 @@ import torch
 
 from bench.throughput import run_pagedchat
 from engine import LLM
-from engine.dense import DenseWeight
+from engine.linear import DenseKernel
 from engine.quant.gptq import quantize_checkpoint
 from engine.quant.kernels import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
@@ -28,7 +28,7 @@ def kernel_sweep(rows=(1, 2, 4, 8, 16, 32)) -> list[tuple[int, float, float, flo
     """Median µs of a 576->1536 matmul: dense bf16 (packed as the engine does), packed int4 (g32),
     packed int8, by row count."""
     w = torch.randn(1536, 576)
-    dense = DenseWeight(w.bfloat16())
+    dense = DenseKernel(w.bfloat16())
     int4 = Int4Weight(*quantize_int4(w, 32), 32, torch.bfloat16, keep_dense=False)
     int8 = Int8Weight(*quantize_int8(w), torch.bfloat16, keep_dense=False)
     out = []

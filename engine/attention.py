@@ -191,6 +191,7 @@ class PagedAttention(nn.Module):
         self.k_cache = torch.empty(0)  # kv_cache_shapes, bound by the runner
         self.v_cache = torch.empty(0)
         self._prefix: tuple = (None, None, None)  # (content, keys, values) of the last shared prefix
+        self.kernels = cpu_kernels.serves_here()  # the C path's availability, asked once
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
@@ -210,7 +211,7 @@ class PagedAttention(nn.Module):
     def _store(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """The new tokens' K/V into their slots of the block pool."""
         caches = self.k_cache.is_contiguous() and self.v_cache.is_contiguous()
-        if cpu_kernels.supports(k) and k.dtype == self.k_cache.dtype == v.dtype and caches \
+        if self.kernels and cpu_kernels.supports(k) and k.dtype == self.k_cache.dtype == v.dtype and caches \
                 and cpu_kernels.heads_contiguous(k) and cpu_kernels.heads_contiguous(v):
             cpu_kernels.kv_store(k, v, self.k_cache, self.v_cache, slots)  # one call, no copies of the views
             return
@@ -223,7 +224,7 @@ class PagedAttention(nn.Module):
         """Attention of the rows attended one by one (meta.row_*), written into `out` when given (the
         C kernel writes there directly, and reads q's rows where they lie: no copies)."""
         out = q.new_empty(q.shape) if out is None else out
-        if cpu_kernels.supports(q):
+        if self.kernels and cpu_kernels.supports(q):
             prefix = self._cascade_prefix(q, meta) if meta.shared is not None else None
             return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.row_block_tables,
                                                       meta.row_seq_lens, self.scale, out, prefix=prefix,

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from engine.errors import ParameterError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
@@ -27,12 +28,8 @@ class EngineOverloadedError(RuntimeError):
     """The waiting queue is full; try again later (HTTP 503)."""
 
 
-class ContextLengthError(ValueError):
-    """A prompt (and the tokens asked for) does not fit max_model_len. `field`: "prompt" or "max_tokens"."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
+class ContextLengthError(ParameterError):
+    """A prompt (and the tokens asked for) does not fit max_model_len. `parameter`: "prompt" or "max_tokens"."""
 
 
 class BlockState(enum.IntEnum):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+
+from engine.errors import ParameterError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -12,41 +14,86 @@ QUANTIZATIONS = (None, "none", "int8", "int4", "int4-g64", "gguf")
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
+@dataclass(frozen=True)
+class Knobs:
+    """Every environment variable pagedchat reads, read here and nowhere else."""
+    cache: str  # PAGEDCHAT_CACHE: converted GGUF configs, the compiled C kernels, our GPTQ checkpoints
+    no_kernels: bool  # PAGEDCHAT_NO_KERNELS: torch paths only (no C kernels built)
+    no_packing: bool  # PAGEDCHAT_NO_PACKING: dense weights stay plain (engine/linear.py)
+    cc: str  # CC: the C compiler for the kernels
+    api_key: str | None  # PAGEDCHAT_API_KEY: one API key, named "api"
+    api_key_file: str | None  # PAGEDCHAT_API_KEY_FILE: --api-key-file's default
+    auth_file: str | None  # PAGEDCHAT_AUTH_FILE: --auth-file's default
+    secret_file: str | None  # PAGEDCHAT_SECRET_FILE: --secret-file's default
+    secret: str | None  # PAGEDCHAT_SECRET: signs visitor cookies
+    engine_api_key: str | None  # PAGEDCHAT_ENGINE_API_KEY: the key the UI tier sends to engine pods
+
+
+def knobs() -> Knobs:
+    """The environment now (read on each call: cheap, and tests may set a variable)."""
+    env = os.environ
+    return Knobs(cache=env.get("PAGEDCHAT_CACHE") or os.path.expanduser("~/.cache/pagedchat"),
+                 no_kernels=bool(env.get("PAGEDCHAT_NO_KERNELS")), no_packing=bool(env.get("PAGEDCHAT_NO_PACKING")),
+                 cc=env.get("CC", "cc"), api_key=env.get("PAGEDCHAT_API_KEY") or None,
+                 api_key_file=env.get("PAGEDCHAT_API_KEY_FILE"), auth_file=env.get("PAGEDCHAT_AUTH_FILE"),
+                 secret_file=env.get("PAGEDCHAT_SECRET_FILE"), secret=env.get("PAGEDCHAT_SECRET") or None,
+                 engine_api_key=env.get("PAGEDCHAT_ENGINE_API_KEY") or None)
+
+
 def cache_dir() -> str:
     """Converted GGUF configs/tokenizers, the compiled C kernel, our GPTQ checkpoints."""
-    return os.environ.get("PAGEDCHAT_CACHE") or os.path.expanduser("~/.cache/pagedchat")
+    return knobs().cache
+
+
+def setting(default, help: str | None = None, *, choices: tuple | None = None, flag: str | None = None,
+            parse=None, metavar: str | None = None):
+    """An EngineConfig field with its command-line flag: default, choices and help written once.
+    `flag` overrides the flag's name (a bool defaulting to True becomes a `--no-...` switch);
+    `parse` its argument type (default: int for int fields, else str)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "flag": flag, "parse": parse,
+                                             "metavar": metavar})
 
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct GGUF
-    dtype: str = "auto"
-    device: str = "auto"
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 64
-    max_model_len: int | None = None  # None: the model's own limit, capped at 8192
-    max_num_batched_tokens: int = 1024
-    kv_cache_memory_bytes: int | None = None  # None: a share of free memory after the weights
-    num_kv_blocks: int | None = None  # overrides kv_cache_memory_bytes
-    scheduling_policy: str = "fcfs"
-    quantization: str | None = None  # None: "gguf" (packed 4-bit) for GGUF files where packed kernels run, else "none"
-    seed: int = 0
-    num_threads: int | None = None  # None: one per core this process may use
+    model: str | None = setting(None, "HF folder, .gguf file or hub id (default: the embedded SmolLM2)")
+    dtype: str = setting("auto", "auto: bf16 on CUDA and on CPUs with AVX-512 BF16 or AMX, else fp32",
+                         choices=DTYPES)
+    device: str = setting("auto", choices=DEVICES)
+    block_size: int = setting(16, "tokens per KV block", choices=(16, 32))
+    enable_prefix_caching: bool = setting(True, "reuse the KV blocks of shared prefixes", flag="--no-prefix-caching")
+    max_num_seqs: int = setting(64, "sequences in one step")
+    max_model_len: int | None = setting(None, "context length (default: the model's own, capped at 8192)")
+    max_num_batched_tokens: int = setting(1024, "tokens in one step (the token budget)")
+    kv_cache_memory_bytes: int | None = setting(None, "KV pool size (default: a share of free memory after the "
+                                                "weights)")
+    num_kv_blocks: int | None = setting(None, "KV pool size in blocks (overrides --kv-cache-memory-bytes)")
+    scheduling_policy: str = setting("fcfs", choices=("fcfs", "priority"))
+    quantization: str | None = setting(None, "none, int8, int4, int4-g64 or gguf (default: gguf, packed "
+                                       "4-bit, for GGUF files where packed kernels run, else none)")
+    seed: int = setting(0)
+    num_threads: int | None = setting(None, "torch and C kernel threads (default: one per available core)",
+                                      flag="--threads")
     # packed linears (4-bit, the 8-bit LM head) take bf16 rows as int8 per 32 inputs (llama.cpp's Q8
     # activations; AVX-512 VNNI, 1.2-1.7x the bf16 kernel at 8-64 rows); False: bf16 products
-    int8_activations: bool = True
-    max_waiting: int = 1024  # bounded waiting queue: past it, add_request says "overloaded"
+    int8_activations: bool = setting(True, "packed 4-/8-bit linears multiply bf16 rows as they are, not rounded "
+                                     "to int8 per 32 inputs", flag="--no-int8-activations")
+    max_waiting: int = setting(1024, "bounded waiting queue: past it, requests are refused as overloaded")
     # vLLM's: "raw_logprobs" are the model's log-softmax; "processed_logprobs" those of the distribution
     # sampled from: after penalties, logit_bias, masks and temperature (before top-k / top-p / min-p)
-    logprobs_mode: str = "raw_logprobs"
+    logprobs_mode: str = setting("raw_logprobs", "raw: the model's log-softmax (vLLM's default); processed: after "
+                                 "penalties, bias, masks and temperature, the distribution sampled from",
+                                 choices=LOGPROBS_MODES)
     # The KV tier on disk (engine/kv_disk.py): a folder, or None for none; its size bound in bytes
-    kv_disk: str | None = None
-    kv_disk_bytes: int = 4 * 2**30
+    kv_disk: str | None = setting(None, "keep KV blocks that fall out of use in this folder, so returning sessions "
+                                  "(also after a restart) load their history instead of recomputing it ('auto': "
+                                  "the cache folder's kv/)", metavar="PATH")
+    kv_disk_bytes: int = setting(4 * 2**30, "size bound of the disk tier, least recently used blocks go first "
+                                 "(e.g. 4G, 512M; default 4G)", parse="size", metavar="N")
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ValueError:
-            return ValueError(f"{name} {msg}, got {getattr(self, name)!r}.")
+            return ParameterError(f"{name} {msg}, got {getattr(self, name)!r}.", name)
 
         if self.dtype not in DTYPES:
             raise bad("dtype", f"must be one of {DTYPES}")
@@ -121,34 +168,21 @@ def _positive_int(x: object) -> bool:
 
 
 def add_engine_args(parser) -> None:
-    """The engine's options as command-line flags (shared by app.py and the server)."""
+    """The engine's options as command-line flags (app.py and the server), made from EngineConfig's fields."""
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="HF folder, .gguf file or hub id (default: embedded SmolLM2)")
-    g.add_argument("--dtype", default="auto", choices=DTYPES)
-    g.add_argument("--device", default="auto", choices=DEVICES)
-    g.add_argument("--block-size", type=int, default=16, choices=(16, 32))
-    g.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
-    g.add_argument("--max-num-seqs", type=int, default=64)
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--max-num-batched-tokens", type=int, default=1024)
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    g.add_argument("--num-kv-blocks", type=int, default=None)
-    g.add_argument("--scheduling-policy", default="fcfs", choices=("fcfs", "priority"))
-    g.add_argument("--quantization", default=None)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--threads", dest="num_threads", type=int, default=None,
-                   help="torch threads (default: one per available core)")
-    g.add_argument("--no-int8-activations", dest="int8_activations", action="store_false",
-                   help="packed 4-/8-bit linears multiply bf16 rows as they are, not rounded to int8 per 32 inputs")
-    g.add_argument("--max-waiting", type=int, default=1024)
-    g.add_argument("--kv-disk", default=None, metavar="PATH",
-                   help="keep KV blocks that fall out of use in this folder, so returning sessions (also after a "
-                        "restart) load their history instead of recomputing it ('auto': the cache folder's kv/)")
-    g.add_argument("--kv-disk-bytes", type=_size_flag, default=4 * 2**30, metavar="N",
-                   help="size bound of the disk tier, least recently used blocks go first (e.g. 4G, 512M; default 4G)")
-    g.add_argument("--logprobs-mode", default="raw_logprobs", choices=LOGPROBS_MODES,
-                   help="raw: the model's log-softmax (vLLM's default); processed: after penalties, bias, masks and "
-                        "temperature, the distribution sampled from")
+    for f in fields(EngineConfig):
+        meta = f.metadata
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        if f.type == "bool":
+            g.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true",
+                           help=f"turn off: {meta['help']}" if f.default else meta["help"])
+            continue
+        parse = _size_flag if meta["parse"] == "size" else int if f.type.startswith("int") else None
+        shown = meta["help"] or ""
+        if f.default is not None and "default" not in shown:
+            shown = f"{shown} (default: {f.default})".lstrip()
+        g.add_argument(flag, dest=f.name, default=f.default, type=parse, choices=meta["choices"],
+                       metavar=meta["metavar"], help=shown)
 
 
 def parse_bytes(text: str) -> int:
@@ -181,8 +215,6 @@ def kv_disk_folder(setting: str | None) -> str | None:
 def config_from_args(args) -> EngineConfig:
     """The flags' EngineConfig; a --kv-disk folder is created (and checked writable) here, so a bad
     one stops the command at once rather than failing the model load in the background."""
-    from dataclasses import fields
-
     config = EngineConfig(**{f.name: getattr(args, f.name) for f in fields(EngineConfig) if hasattr(args, f.name)})
     if config.kv_disk:
         folder = kv_disk_folder(config.kv_disk)

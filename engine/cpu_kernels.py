@@ -1,6 +1,7 @@
 """Our C kernels for the CPU, compiled once with the system's C compiler and called through
 ctypes (no torch headers: it builds in about a second). If no compiler is available, callers fall
-back to the torch path; `available()` says which is in use."""
+back to the torch path; `available()` says which is in use. Layers ask once, at construction
+(`serves_here()`), not on every call. Error codes and feature bits: csrc/common.h, csrc/kernels.h."""
 from __future__ import annotations
 
 import ctypes
@@ -13,37 +14,39 @@ import threading
 
 import torch
 
-from engine.config import cache_dir, cpu_flags
+from engine.config import cache_dir, cpu_flags, knobs
 
 log = logging.getLogger("pagedchat.kernels")
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
                                                       "quant_matmul.c", "quant_matmul_f32.c", "argmax.c",
-                                                      "prefix_attention.c", "pool.c")]
+                                                      "prefix_attention.c", "pool.c", "features.c")]
 # part of the build's cache key, not compiled alone
-_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "bf16.h", "exp.h", "pool.h",
-                                                      "quant_int8_rows.h")]
+_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "common.h", "exp.h", "kernels.h",
+                                                      "pool.h", "quant_int8_rows.h")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
 # only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-pthread", "-shared",
           "-fPIC"]
 _lib: ctypes.CDLL | None = None
 _tried = False
-_quant_dtypes: tuple[torch.dtype, ...] | None = None  # quant_matmul_dtypes(), once known
-_prefix_kernel: bool | None = None  # prefix_kernel()'s probe of the build
+_features = 0  # pagedchat_features() of the build (csrc/kernels.h's PC_FEATURE_* bits)
+FEATURES = {"bf16_attention": 1, "quant_bf16": 2, "quant_f32": 4, "f32_attention": 8}
+# csrc/common.h's return codes
+OK, UNSUPPORTED, NO_MEMORY, BAD_SHAPE = 0, -1, -2, -3
 _threads = len(os.sched_getaffinity(0))
 _lock = threading.Lock()
 
 
 def _build() -> ctypes.CDLL | None:
-    if os.environ.get("PAGEDCHAT_NO_KERNELS"):
+    if knobs().no_kernels:
         return None
     src = b""
     for source in _SOURCES + _HEADERS:
         with open(source, "rb") as f:
             src += f.read()
-    cc = os.environ.get("CC", "cc")
+    cc = knobs().cc
     # -march=native builds for this CPU: a cached build is reused only on the same features
     features = sorted(cpu_flags())
     key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), *features]).encode()).hexdigest()[:16]
@@ -64,6 +67,7 @@ def _build() -> ctypes.CDLL | None:
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     matmul4, matmul8 = (ctypes.c_int, [ptr] * 4 + [i32] * 5), (ctypes.c_int, [ptr] * 4 + [i32] * 4)
     signatures = {  # name: (return type, argument types)
+        "pagedchat_features": (ctypes.c_int, []),
         "paged_decode_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 9 + [i32] * 6 + [f32, i32, i32]),
         "prefix_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 4 + [i32] * 4 + [i64, f32, i32]),
         "kv_store": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
@@ -81,11 +85,38 @@ def _build() -> ctypes.CDLL | None:
 
 
 def available() -> bool:
-    global _lib, _tried
-    with _lock:
-        if not _tried:
-            _lib, _tried = _build(), True
+    """Whether the kernels are built (built on the first call; no lock once they are)."""
+    global _lib, _tried, _features
+    if not _tried:
+        with _lock:
+            if not _tried:
+                _lib = _build()
+                _features = _lib.pagedchat_features() if _lib is not None else 0
+                _tried = True
     return _lib is not None
+
+
+def has(feature: str) -> bool:
+    """Whether the build has one of the vectorised paths named in FEATURES."""
+    return available() and bool(_features & FEATURES[feature])
+
+
+def serves_here() -> bool:
+    """For a layer being built: whether our kernels may serve it (a CPU model, the kernels built).
+    Layers keep the answer; per call they check only their tensors' dtype and layout (supports)."""
+    return torch.get_default_device().type == "cpu" and available()
+
+
+def _check(code: int, kernel: str) -> None:
+    """A kernel's return code (csrc/common.h) as the exception it means."""
+    if code == NO_MEMORY:
+        raise MemoryError(f"{kernel} could not allocate its buffers")
+    if code == BAD_SHAPE:
+        raise ValueError(f"{kernel} does not take these shapes")
+    if code == UNSUPPORTED:
+        raise RuntimeError(f"{kernel} is not in this build (this CPU lacks its instructions)")
+    if code != OK:
+        raise RuntimeError(f"{kernel} failed with code {code}")
 
 
 def set_threads(n: int) -> None:
@@ -101,7 +132,9 @@ def threads() -> int:
 
 
 def supports(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16) and available()
+    """Whether a tensor is one our kernels take (a CPU fp32 or bf16 one); the caller has checked
+    that they are built (serves_here / available)."""
+    return t.device.type == "cpu" and t.dtype in (torch.float32, torch.bfloat16)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -119,21 +152,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not heads_contiguous(q):
         q = q.contiguous()
     starts, rows, prefix_out, prefix_lse = prefix or (None, None, None, None)
-    failed = _lib.paged_decode_attention(
+    code = _lib.paged_decode_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
         block_tables.shape[1], scale, _dtype_code(q), threads or _threads)
-    if failed:
-        raise MemoryError("paged_decode_attention could not allocate its score buffer")
+    _check(code, "paged_decode_attention")
     return out
 
 
 def prefix_kernel(dtype: torch.dtype, head_dim: int, tokens: int) -> bool:
     """Whether prefix_attention serves a shared prefix of `tokens` tokens (bf16 on AVX-512 BF16)."""
-    global _prefix_kernel
-    if _prefix_kernel is None:  # the build answers -1 without AVX-512 BF16
-        _prefix_kernel = available() and _lib.prefix_attention(0, 0, 0, 0, 0, 0, 0, 1, 1, 64, 16, 1.0, 1) == 0
-    return _prefix_kernel and dtype == torch.bfloat16 and head_dim in (64, 128) and tokens % 16 == 0 and tokens > 0
+    return has("bf16_attention") and dtype == torch.bfloat16 and head_dim in (64, 128) and tokens % 16 == 0 and tokens > 0
 
 
 def prefix_attention(q: torch.Tensor, kt: torch.Tensor, vp: torch.Tensor, scale: float,
@@ -143,9 +172,8 @@ def prefix_attention(q: torch.Tensor, kt: torch.Tensor, vp: torch.Tensor, scale:
     (S, H, D), (Hkv, _, P, _) = q.shape, kt.shape
     q = q if heads_contiguous(q) else q.contiguous()
     out, lse = torch.empty(S, H, D, dtype=torch.float32), torch.empty(S, H, dtype=torch.float32)
-    if _lib.prefix_attention(q.data_ptr(), q.stride(0), kt.data_ptr(), vp.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                             S, H, Hkv, D, P, scale, threads or _threads):
-        raise MemoryError("prefix_attention could not allocate its buffers")
+    _check(_lib.prefix_attention(q.data_ptr(), q.stride(0), kt.data_ptr(), vp.data_ptr(), out.data_ptr(),
+                                 lse.data_ptr(), S, H, Hkv, D, P, scale, threads or _threads), "prefix_attention")
     return out, lse
 
 
@@ -211,13 +239,8 @@ def rotary_neox(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
 def quant_matmul_dtypes() -> tuple[torch.dtype, ...]:
     """The activation dtypes our 4-/8-bit kernels take on this CPU: bfloat16 needs AVX-512 BF16
     (csrc/quant_matmul.c), float32 AVX2 with FMA (csrc/quant_matmul_f32.c); empty: torch's kernels."""
-    global _quant_dtypes
-    if _quant_dtypes is None:
-        ok = available()
-        kernels = ((torch.bfloat16, "int4_matmul"), (torch.float32, "int4_matmul_f32"))
-        _quant_dtypes = tuple(dtype for dtype, fn in kernels
-                              if ok and getattr(_lib, fn)(None, None, None, None, 0, 0, 0, 4, 1) == 0)
-    return _quant_dtypes
+    return tuple(dtype for dtype, feature in ((torch.bfloat16, "quant_bf16"), (torch.float32, "quant_f32"))
+                 if has(feature))
 
 
 def quant_kernel_dtype(dtype: torch.dtype) -> torch.dtype | None:
@@ -270,8 +293,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gro
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
     fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul_i8 if int8_rows else _lib.int4_matmul
-    if fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads):
-        raise MemoryError("int4_matmul could not allocate")
+    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads),
+           "int4_matmul")
     return y
 
 
@@ -282,6 +305,6 @@ def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
     fn = _lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul_i8 if int8_rows else _lib.int8_matmul
-    if fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], _threads):
-        raise MemoryError("int8_matmul could not allocate")
+    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], _threads),
+           "int8_matmul")
     return y

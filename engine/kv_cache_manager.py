@@ -1,12 +1,24 @@
 """Per-request block tables on top of the block pool: prefix lookup, slot allocation, freeing, and
-the way to and from the disk tier (engine/kv_disk.py) when one is attached."""
+the one door to the disk tier (engine/kv_disk.py) when one is attached (vLLM's KV connector split):
+the scheduler and LLMEngine call only this class; the block copies live with the model runner, so
+this side holds no tensors and imports no torch."""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.block_pool import BlockPool, KVBlock, hash_block
-from engine.kv_disk import DiskStore
 from engine.request import Request
+
+if TYPE_CHECKING:
+    from engine.kv_disk import DiskStats, DiskStore
+
+
+class BlockCopier(Protocol):
+    """What the disk tier needs of the model runner: one block's K and V out, and back in."""
+
+    def read_block(self, block_id: int) -> Any: ...
+
+    def write_block(self, block_id: int, kv: Any) -> None: ...
 
 
 class KVCacheManager:
@@ -21,9 +33,9 @@ class KVCacheManager:
         self.disk_queries = 0  # tokens looked up on disk (past the pool's hit)
         self.disk_hits = 0  # tokens loaded back from disk
 
-    def attach_disk(self, store: DiskStore, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    def attach_disk(self, store: DiskStore, copier: BlockCopier) -> None:
         """Full blocks are copied to `store` as they are computed; prefix lookups continue there."""
-        self.disk, self._k, self._v = store, k_cache, v_cache
+        self.disk, self._copier = store, copier
 
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_blocks.get(request_id, ())]
@@ -120,7 +132,9 @@ class KVCacheManager:
     def save_computed(self, scheduled: list) -> None:
         """Write-through, after the forward: each full block is copied out once, in the step that
         filled it, and written by the disk tier's thread. So eviction costs nothing, and a killed
-        process loses only the writes still queued."""
+        process loses only the writes still queued. Without a disk tier: nothing."""
+        if self.disk is None:
+            return
         bs = self.block_size
         for s in scheduled:
             req = s.request
@@ -128,9 +142,7 @@ class KVCacheManager:
             full = min((req.num_computed_tokens + s.num_tokens) // bs, len(blocks))
             for block in blocks[req.num_saved_blocks:full]:
                 if block.block_hash is not None and not self.disk.contains(block.block_hash):
-                    i = block.block_id  # K and V differ in layout: each as [layers, elements]
-                    kv = torch.stack((self._k[:, i].flatten(1), self._v[:, i].flatten(1))).cpu()
-                    self.disk.save(block.block_hash, block.token_ids, kv)
+                    self.disk.save(block.block_hash, block.token_ids, self._copier.read_block(block.block_id))
             req.num_saved_blocks = max(req.num_saved_blocks, full)
 
     def start_disk_load(self, req: Request) -> bool:
@@ -166,10 +178,30 @@ class KVCacheManager:
                 if self.pool.num_free == 0:
                     break
                 block = self.pool.get_new_blocks(1)[0]
-                self._k[:, block.block_id].flatten(1).copy_(item.kv[0])  # flatten: a view (one block)
-                self._v[:, block.block_id].flatten(1).copy_(item.kv[1])
+                self._copier.write_block(block.block_id, item.kv)
                 self.pool.cache_block(block, item.block_hash, item.token_ids)
                 self.pool.free([block])
                 self.disk_hits += self.block_size
         finally:
             self.pool.free(reversed(held))
+
+    def loaded_requests(self) -> list[str]:
+        """Requests whose disk blocks the reader has in memory now (start_disk_load's)."""
+        return self.disk.finished() if self.disk is not None else []
+
+    def cancel_disk_load(self, request_id: str) -> None:
+        if self.disk is not None:
+            self.disk.cancel(request_id)
+
+    def wait_for_disk(self, timeout: float) -> None:
+        """Block until the reader finishes a load or `timeout` passes (nothing else to run meanwhile)."""
+        if self.disk is not None:
+            self.disk.wait_for_load(timeout)
+
+    def disk_stats(self) -> DiskStats | None:
+        return self.disk.stats if self.disk is not None else None
+
+    def close(self) -> None:
+        """Finish the disk tier's queued writes and stop its threads."""
+        if self.disk is not None:
+            self.disk.close()

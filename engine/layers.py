@@ -1,5 +1,5 @@
-"""Building blocks of the decoder: norms, rotary embedding, activations, linears that know how
-to load their (possibly fused) weights."""
+"""Building blocks of the decoder: norms, rotary embedding, activations (the Linear is in
+engine/linear.py)."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +7,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_kernels
-from engine.dense import DenseWeight
 
 
 class RMSNorm(nn.Module):
@@ -15,12 +14,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(size))
+        self.kernels = cpu_kernels.serves_here()  # the C path's availability, asked once
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """norm(x); with `residual`: (norm(x + residual), x + residual), vLLM's fused add. Same
         arithmetic as transformers: the sum rounded to the dtype, normalised in fp32, scaled in the
         weight's dtype."""
-        fast = x.is_contiguous() and x.dtype == self.weight.dtype and cpu_kernels.supports(x)
+        fast = self.kernels and x.is_contiguous() and x.dtype == self.weight.dtype and cpu_kernels.supports(x)
         if residual is not None:
             if fast and residual.is_contiguous() and residual.dtype == x.dtype:
                 return cpu_kernels.rms_norm(x, self.weight, self.eps, residual), residual  # residual updated in place
@@ -34,53 +34,15 @@ class RMSNorm(nn.Module):
 
 
 class SiluAndMul(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = cpu_kernels.serves_here()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_contiguous() and cpu_kernels.supports(x):
+        if self.kernels and x.is_contiguous() and cpu_kernels.supports(x):
             return cpu_kernels.silu_and_mul(x)  # one call instead of three ops and a temporary
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
-
-
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor) -> None:
-    if param.shape != loaded.shape:
-        raise ValueError(f"weight shape {tuple(loaded.shape)} does not fit parameter {tuple(param.shape)}")
-    param.data.copy_(loaded)
-
-
-class Linear(nn.Module):
-    """y = x W^T (+ b). `shard_sizes` names the slices of a fused output (qkv, gate/up) so a
-    checkpoint's separate matrices load into their place through `weight_loader`."""
-
-    def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 shard_sizes: dict[str | int, int] | None = None) -> None:
-        super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
-        self.quant = None  # a QuantizedWeight (engine/quant) once the model is quantized
-        self.dense: DenseWeight | None = None  # else, on a bf16 CPU, the weight packed (engine/dense.py)
-        self.shard_offsets: dict[str | int, tuple[int, int]] = {}
-        offset = 0
-        for shard_id, size in (shard_sizes or {}).items():
-            self.shard_offsets[shard_id] = (offset, size)
-            offset += size
-        for p in (self.weight, self.bias):
-            if p is not None:
-                p.weight_loader = self.weight_loader
-
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | int | None = None) -> None:
-        if shard_id is None:
-            return default_weight_loader(param, loaded)
-        start, size = self.shard_offsets[shard_id]
-        default_weight_loader(param.data.narrow(0, start, size), loaded)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.quant is not None:
-            y = self.quant.matmul(x)
-            return y if self.bias is None else y + self.bias
-        if self.dense is not None:
-            return self.dense(x, self.bias)
-        return F.linear(x, self.weight, self.bias)
 
 
 class RotaryEmbedding(nn.Module):
@@ -96,10 +58,11 @@ class RotaryEmbedding(nn.Module):
         self.cos = freqs.cos() * attention_scaling
         self.sin = freqs.sin() * attention_scaling
         self._looked_up: tuple = (None, None, None)  # (positions, cos, sin) of the forward in progress
+        self.kernels = cpu_kernels.serves_here()
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hk, D] rotated; on the CPU kernel's path in place (one C call)."""
-        if q.shape[2] <= 512 and cpu_kernels.heads_contiguous(q) and cpu_kernels.heads_contiguous(k) \
+        if self.kernels and q.shape[2] <= 512 and cpu_kernels.heads_contiguous(q) and cpu_kernels.heads_contiguous(k) \
                 and q.dtype == k.dtype and cpu_kernels.supports(q):
             cpu_kernels.rotary_neox(q, k, self.cos, self.sin, positions)
             return q, k

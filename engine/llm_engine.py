@@ -10,25 +10,21 @@ from dataclasses import dataclass
 
 import torch
 
-from engine import cpu_kernels
-from engine.checkpoint.source import load_config_and_tokenizer, resolve_model, sampling_defaults
 from engine.client import ContextLengthError, EngineOverloadedError, ModelInfo
 from engine.config import EngineConfig, kv_disk_folder
-from engine.dense import pack_dense_weights
 from engine.detokenizer import IncrementalDetokenizer
+from engine.errors import ParameterError
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_disk import open_disk_tier
-from engine.kv_disk_format import model_identity
+from engine.loader import load
 from engine.logprobs import LogprobsRecorder
 from engine.model_runner import ModelRunner
-from engine.quant.kernels import int8_rows_in_use, set_int8_activations, weight_bytes
-from engine.quant.methods import load_model
 from engine.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from engine.parallel import Family, child_params, fork
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
-from engine.sizing import eos_token_ids, fit_to_pool, num_kv_blocks, resolve_max_model_len
+from engine.sizing import eos_token_ids, fit_to_pool, num_kv_blocks
 from engine.structured import GrammarCompiler, bad_word_sequences
 
 log = logging.getLogger("pagedchat.engine")
@@ -46,35 +42,31 @@ class _Tracked:
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        torch.set_num_threads(config.resolved_threads())
-        cpu_kernels.set_threads(config.resolved_threads())
-        set_int8_activations(config.int8_activations)
+        torch.set_num_threads(config.resolved_threads())  # for the load; the runner sets its own at each step
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
         t0 = time.perf_counter()
-        self.source = resolve_model(config.model)
-        self.hf_config, self.tokenizer = load_config_and_tokenizer(self.source)
-        self.max_model_len = resolve_max_model_len(self.hf_config, config.max_model_len)
-        self.model, self.quantization = load_model(self.source, self.hf_config, config.quantization, self.dtype,
-                                                   self.device, self.max_model_len)
-        identity = model_identity(self.model, self.dtype, self.quantization, config.block_size)  # before packing
-        pack_dense_weights(self.model)
-        self.weight_bytes = weight_bytes(self.model)
-        # what the panel and the log show: "gguf, int8 rows" where decode rows meet 4-bit weights as int8
-        self.quantization_shown = self.quantization + (", int8 rows" if int8_rows_in_use(self.model) else "")
+        loaded = load(config.model, quantization=config.quantization, dtype=self.dtype, device=self.device,
+                      max_model_len=config.max_model_len, block_size=config.block_size,
+                      int8_activations=config.int8_activations)
+        self.source, self.hf_config, self.tokenizer, self.model = (loaded.source, loaded.hf_config, loaded.tokenizer,
+                                                                   loaded.model)
+        self.quantization, self.quantization_shown = loaded.quantization, loaded.quantization_shown
+        self.weight_bytes, self.max_model_len = loaded.weight_bytes, loaded.max_model_len
+        self.sampling_defaults, self.sampling_source = loaded.sampling_defaults, loaded.sampling_source
         num_blocks = num_kv_blocks(config, ModelRunner.bytes_per_block(self.model, config.block_size, self.dtype),
                                    self.device)
         self.max_model_len = fit_to_pool(self.max_model_len, config.max_model_len, num_blocks, config.block_size)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, self.device, config.seed,
-                                  config.logprobs_mode)
+                                  config.logprobs_mode, config.resolved_threads())
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if config.kv_disk:
-            store = open_disk_tier(kv_disk_folder(config.kv_disk), config.kv_disk_bytes, identity, self.runner.k_cache)
-            self.kv.attach_disk(store, self.runner.k_cache, self.runner.v_cache)
+            store = open_disk_tier(kv_disk_folder(config.kv_disk), config.kv_disk_bytes, loaded.identity,
+                                   self.runner.k_cache)
+            self.kv.attach_disk(store, self.runner)
         self.scheduler = Scheduler(config, self.kv, self.max_model_len)
         self.load_seconds = time.perf_counter() - t0
         self.eos_token_ids = eos_token_ids(self.hf_config, self.tokenizer)
-        self.sampling_defaults, self.sampling_source = sampling_defaults(self.source)  # read once
         self.grammars = GrammarCompiler(self.tokenizer, self.hf_config.vocab_size, self.eos_token_ids)
         self.logprobs = LogprobsRecorder(self.tokenizer)
         self._tracked: dict[str, _Tracked] = {}
@@ -101,24 +93,25 @@ class LLMEngine:
         else:
             text, ids = None, list(prompt)
             if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
-                raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+                raise ParameterError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
         if not ids:
-            raise ValueError("prompt is empty")
+            raise ParameterError("prompt is empty", "prompt")
         if len(ids) >= self.max_model_len:
             raise ContextLengthError(f"prompt is {len(ids)} tokens but max_model_len is {self.max_model_len} "
                                      f"(the prompt plus at least one generated token must fit)", "prompt")
         for field, named in params.token_ids_used().items():
             outside = [t for t in named if t >= vocab]
             if outside:
-                raise ValueError(f"{field} must name token ids below the vocabulary size {vocab}, got {outside[:5]}")
+                raise ParameterError(f"{field} must name token ids below the vocabulary size {vocab}, got {outside[:5]}",
+                                     field)
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
+            raise ParameterError(f"priority must be an integer, got {priority!r}", "priority")
         if request_id is None:
             request_id, self._counter = str(self._counter), self._counter + 1
         if request_id in self._tracked:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            raise ParameterError(f"request_id {request_id!r} is already in use", "request_id")
         if params.n > self.config.max_num_seqs:
-            raise ValueError(f"n must be at most max_num_seqs ({self.config.max_num_seqs}), got {params.n}")
+            raise ParameterError(f"n must be at most max_num_seqs ({self.config.max_num_seqs}), got {params.n}", "n")
         if self.scheduler.num_waiting >= self.config.max_waiting:
             raise EngineOverloadedError(f"engine overloaded: {self.scheduler.num_waiting} requests waiting "
                                         f"(max_waiting={self.config.max_waiting})")
@@ -170,7 +163,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty:
             if self.scheduler.loading:  # nothing to run until the disk tier has read a prefix
-                self.kv.disk.wait_for_load(timeout=0.05)
+                self.kv.wait_for_disk(timeout=0.05)
             return outputs
         t0 = time.perf_counter()
         try:
@@ -185,8 +178,7 @@ class LLMEngine:
                     self.scheduler.finish(t.request, RequestStatus.FINISHED_ERROR)
                     outputs.append(self._finalize(t))
             return outputs
-        if self.kv.disk is not None:
-            self.kv.save_computed(sched.scheduled)
+        self.kv.save_computed(sched.scheduled)
         if self._families:
             self._fork_families(sched)
         changed = self.scheduler.update(sched, result)
@@ -273,8 +265,9 @@ class LLMEngine:
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.kv.prefix_queries
         s.prefix_cache_hits = self.kv.prefix_hits
-        if self.kv.disk is not None:
-            s.record_disk(self.kv.disk.stats, self.kv.disk_queries, self.kv.disk_hits)
+        disk = self.kv.disk_stats()
+        if disk is not None:
+            s.record_disk(disk, self.kv.disk_queries, self.kv.disk_hits)
         return EngineStats(**s.__dict__)
 
     def reset_prefix_cache(self) -> None:
@@ -282,8 +275,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Finish the disk tier's queued writes and stop its threads (the engine is unusable after)."""
-        if self.kv.disk is not None:
-            self.kv.disk.close()
+        self.kv.close()
 
     def model_info(self, model: str | None) -> ModelInfo:
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,

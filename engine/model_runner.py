@@ -14,6 +14,7 @@ from torch import nn
 from engine import cpu_kernels
 from engine.attention import (AttentionMetadata, PrefillSeq, find_shared_prefix, kv_cache_shapes,
                               shared_tokens_needed, use_metadata)
+from engine.linear import Linear
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.sampler import Sampler
 
@@ -39,15 +40,16 @@ ROW_PREFILL_CONTEXT = 1024
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device, seed: int, logprobs_mode: str = "raw_logprobs") -> None:
+                 device: torch.device, seed: int, logprobs_mode: str = "raw_logprobs", threads: int = 1) -> None:
         self.model = model
+        self.threads = threads  # torch's and our kernels', set at each step: two engines may coexist
         self.logprobs_mode = logprobs_mode
         self.block_size = block_size
         self.device = device
         self.dtype = dtype
         self.sampler = Sampler(seed, device)
-        largest = max((m.in_features * m.out_features for m in model.modules() if hasattr(m, "in_features")),
-                      default=0)
+        largest = max((m.in_features * m.out_features for name, m in model.named_modules()
+                       if isinstance(m, Linear) and name != "lm_head"), default=0)  # the head runs on all threads
         self.small_model = device.type == "cpu" and largest < ONE_THREAD_MAX_WEIGHTS
         self.row_prefill = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_kernels.available()
         layers = model.attention_layers()
@@ -63,6 +65,15 @@ class ModelRunner:
         """Copy one block's K/V in every layer (copy on write, for a forked sequence)."""
         self.k_cache[:, target].copy_(self.k_cache[:, source])
         self.v_cache[:, target].copy_(self.v_cache[:, source])
+
+    def read_block(self, block_id: int) -> torch.Tensor:
+        """One block's K and V on the CPU, [2, layers, elements] (K and V differ in layout: each flattened)."""
+        return torch.stack((self.k_cache[:, block_id].flatten(1), self.v_cache[:, block_id].flatten(1))).cpu()
+
+    def write_block(self, block_id: int, kv: torch.Tensor) -> None:
+        """The inverse of read_block (flatten: a view of the one block)."""
+        self.k_cache[:, block_id].flatten(1).copy_(kv[0])
+        self.v_cache[:, block_id].flatten(1).copy_(kv[1])
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -111,6 +122,7 @@ class ModelRunner:
     def forward(self, sched: SchedulerOutput):
         """Run the model on one step's batch: logits [n, V] for the n requests that sample, those
         requests, and the prompt log-probabilities of this chunk for requests that ask for them."""
+        cpu_kernels.set_threads(self.threads)  # before _prepare, which reads it
         items = sorted(sched.scheduled, key=self._row_order)  # rows attended one by one first (stable)
         input_ids, positions, meta, logits_rows, samplers = self._prepare(items)
         with use_metadata(meta), self._threads_for(len(input_ids)):
@@ -131,16 +143,16 @@ class ModelRunner:
 
     @contextlib.contextmanager
     def _threads_for(self, rows: int):
-        """One thread for a few rows through a small model's layers (ONE_THREAD_ROWS), else as set."""
-        threads = torch.get_num_threads()
-        one = self.small_model and rows <= ONE_THREAD_ROWS and threads > 1
-        if one:
-            torch.set_num_threads(1)
+        """This runner's threads for the step (torch's and our kernels' settings are process-wide, and
+        another engine may have run last); one torch thread for a few rows through a small model's
+        layers (ONE_THREAD_ROWS)."""
+        one = self.small_model and rows <= ONE_THREAD_ROWS and self.threads > 1
+        torch.set_num_threads(1 if one else self.threads)
         try:
             yield
         finally:
             if one:
-                torch.set_num_threads(threads)
+                torch.set_num_threads(self.threads)
 
     def _prompt_logprobs(self, items: list[ScheduledRequest], hidden: torch.Tensor) -> dict[str, tuple]:
         """For each prompt chunk of a request with prompt_logprobs: position p scores prompt token

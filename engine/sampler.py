@@ -114,6 +114,7 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """The first maximum of each row, as argmax: our C pass on the CPU (engine/csrc/argmax.c), else
     max(dim).indices, 2x faster than argmax on the CPU (1.3 against 2.7 ms for 64 rows of a
     49152-token vocabulary)."""
-    if logits.dtype == torch.float32 and logits.dim() == 2 and logits.is_contiguous() and cpu_kernels.supports(logits):
+    if logits.dtype == torch.float32 and logits.dim() == 2 and logits.is_contiguous() and cpu_kernels.supports(logits) \
+            and cpu_kernels.available():
         return cpu_kernels.argmax_rows(logits)
     return logits.max(dim=-1).indices

@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from engine.errors import ParameterError
+
 _EPS = 1e-5
 _INF = float("inf")
 MAX_LOGPROBS = 20
@@ -23,16 +25,17 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar", "json_object") if getattr(self, name)]
         if len(given) != 1:
-            raise ValueError(f"structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
-                             f"got {given or 'none'}.")
+            raise ParameterError(f"structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                                 f"got {given or 'none'}.", "structured_outputs")
         if self.choice is not None and not (isinstance(self.choice, list) and self.choice
                                             and all(isinstance(c, str) and c for c in self.choice)):
-            raise ValueError(f"structured_outputs.choice must be a list of non-empty strings, got {self.choice!r}.")
+            raise ParameterError(f"structured_outputs.choice must be a list of non-empty strings, got {self.choice!r}.",
+                                 "structured_outputs.choice")
         if isinstance(self.json, str):
             try:
                 self.json = json.loads(self.json)
             except ValueError as e:
-                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+                raise ParameterError(f"structured_outputs.json is not valid JSON: {e}", "structured_outputs.json") from None
 
 
 @dataclass
@@ -74,7 +77,7 @@ class SamplingParams:
     def _validate(self) -> None:
         def check(ok: bool, name: str, msg: str) -> None:
             if not ok:
-                raise ValueError(f"{name} {msg}, got {getattr(self, name)!r}.")
+                raise ParameterError(f"{name} {msg}, got {getattr(self, name)!r}.", name)
 
         check(isinstance(self.n, int) and not isinstance(self.n, bool) and 1 <= self.n <= MAX_N, "n",
               f"must be an integer in [1, {MAX_N}]")
@@ -89,7 +92,8 @@ class SamplingParams:
               "max_tokens", "must be an integer >= 1")
         check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", "must be an integer >= 0")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens must be <= max_tokens, got {self.min_tokens} > {self.max_tokens}.")
+            raise ParameterError(f"min_tokens must be <= max_tokens, got {self.min_tokens} > {self.max_tokens}.",
+                                 "min_tokens")
         check(all(isinstance(s, str) and s for s in self.stop_strings), "stop", "must be non-empty strings")
         check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
               "must be non-negative integers")

@@ -104,7 +104,7 @@ class Scheduler:
 
     def _requeue_loaded(self) -> None:
         """Requests whose disk blocks are in memory go back to the queue in their old place."""
-        for request_id in self.kv.disk.finished():
+        for request_id in self.kv.loaded_requests():
             req = self.loading.pop(request_id, None)
             if req is not None:
                 self.add_request(req)
@@ -173,7 +173,7 @@ class Scheduler:
         elif self.loading.pop(req.request_id, None) is None and req in self.running:
             self.running.remove(req)
         if req.disk_checked:
-            self.kv.disk.cancel(req.request_id)
+            self.kv.cancel_disk_load(req.request_id)
         self.kv.free(req)
         req.status = status
         req.finished_time = time.time()

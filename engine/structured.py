@@ -9,6 +9,7 @@ import re
 
 import torch
 
+from engine.errors import ParameterError
 from engine.sampling_params import StructuredOutputsParams
 
 
@@ -40,10 +41,10 @@ class GrammarCompiler:
             grammar = M.grammar_from_lark(spec.grammar)
         problem = M.validate_grammar(grammar, self._lltokenizer)
         if problem:
-            raise ValueError(f"structured_outputs: {problem.strip()}")
+            raise ParameterError(f"structured_outputs: {problem.strip()}", "structured_outputs")
         matcher = M(self._lltokenizer, grammar)
         if matcher.is_error():
-            raise ValueError(f"structured_outputs: {matcher.get_error()}")
+            raise ParameterError(f"structured_outputs: {matcher.get_error()}", "structured_outputs")
         return matcher
 
 

@@ -19,7 +19,6 @@ import secrets
 import sys
 from dataclasses import dataclass, field
 
-KEY_ENV = "PAGEDCHAT_API_KEY"  # one key, named DEFAULT_KEY_NAME
 DEFAULT_KEY_NAME = "api"
 VISITOR_COOKIE = "pagedchat_visitor"
 _SCRYPT = dict(n=2 ** 14, r=8, p=1, dklen=32)
@@ -49,12 +48,12 @@ def _lines(path: str) -> list[tuple[int, str]]:
         return [(n, line.strip()) for n, line in enumerate(f, 1) if line.strip() and not line.startswith("#")]
 
 
-def read_api_keys(path: str | None, environ=os.environ) -> dict[str, str]:
-    """key -> name. The file holds `NAME:KEY` lines (a bare `KEY` is named "api"); the environment's
-    PAGEDCHAT_API_KEY adds one key named "api"."""
+def read_api_keys(path: str | None, env_key: str | None = None) -> dict[str, str]:
+    """key -> name. The file holds `NAME:KEY` lines (a bare `KEY` is named "api"); `env_key` (the
+    environment's PAGEDCHAT_API_KEY, engine.config.knobs) adds one key named "api"."""
     keys: dict[str, str] = {}
-    if environ.get(KEY_ENV):
-        keys[environ[KEY_ENV]] = DEFAULT_KEY_NAME
+    if env_key:
+        keys[env_key] = DEFAULT_KEY_NAME
     for n, line in _lines(path) if path else []:
         name, sep, key = line.rpartition(":")
         if len(key) < 8:

@@ -7,9 +7,8 @@ app.py shares with it.
 from __future__ import annotations
 
 import argparse
-import os
 
-from engine.config import EngineConfig, add_engine_args, config_from_args
+from engine.config import EngineConfig, add_engine_args, config_from_args, knobs
 from server.auth import Credentials, read_api_keys, read_users
 from server.limits import UserLimiter
 from server.logs import add_logging_args, setup_logging
@@ -22,7 +21,7 @@ def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
     """Flags of every HTTP front: where to listen, who may call, the served name, logging."""
     parser.add_argument("--host", default="127.0.0.1", help="bind address (0.0.0.0 only inside a container)")
     parser.add_argument("--port", type=int, default=port)
-    parser.add_argument("--api-key-file", default=os.environ.get("PAGEDCHAT_API_KEY_FILE"), metavar="PATH",
+    parser.add_argument("--api-key-file", default=knobs().api_key_file, metavar="PATH",
                         help="API keys, one `NAME:KEY` per line; with any key (or $PAGEDCHAT_API_KEY) every "
                              "call needs `Authorization: Bearer KEY`")
     parser.add_argument("--admin", action="append", default=[], metavar="NAME",
@@ -38,7 +37,7 @@ def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
 
 
 def credentials_from_args(args: argparse.Namespace, auth_file: str | None = None) -> Credentials:
-    return Credentials(keys=read_api_keys(args.api_key_file), users=read_users(auth_file),
+    return Credentials(keys=read_api_keys(args.api_key_file, knobs().api_key), users=read_users(auth_file),
                        operators=frozenset(args.admin))
 
 

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.client import ContextLengthError, EngineDeadError, EngineOverloadedError
+from engine.errors import parameter_of
 from server.limits import TooManyRequestsError
 from server.protocol import error_body
 
@@ -22,12 +23,6 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param)
-
-
-def param_of(message: str) -> str | None:
-    """The field a validation message starts with ("top_p must ...", "structured_outputs.json is ...")."""
-    word = message.split(" ", 1)[0].rstrip(":,")
-    return word if word and all(part.isidentifier() for part in word.split(".")) else None
 
 
 async def _api_error(_: Request, e: APIError):
@@ -49,7 +44,7 @@ async def _validation_error(_: Request, e: RequestValidationError):
 
 
 async def _context_length(request: Request, e: ContextLengthError):
-    param = "messages" if e.field == "prompt" and request.url.path.endswith("chat/completions") else e.field
+    param = "messages" if e.parameter == "prompt" and request.url.path.endswith("chat/completions") else e.parameter
     return JSONResponse(error_body(str(e), "invalid_request_error", param), status_code=400)
 
 
@@ -76,7 +71,7 @@ async def _http_error(request: Request, e: StarletteHTTPException):
 
 
 async def _invalid(_: Request, e: ValueError):
-    return JSONResponse(error_body(str(e), "invalid_request_error", param_of(str(e))), status_code=400)
+    return JSONResponse(error_body(str(e), "invalid_request_error", parameter_of(e)), status_code=400)
 
 
 ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _validation_error, StarletteHTTPException: _http_error,

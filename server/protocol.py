@@ -2,12 +2,14 @@
 SamplingParams, which validates their values (once, for every front). Nothing here touches the engine."""
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.errors import ParameterError
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 
 
@@ -50,7 +52,8 @@ class ResponseFormat(BaseModel):
         if self.type == "json_schema":
             schema = (self.json_schema or {}).get("schema")
             if not isinstance(schema, dict):
-                raise ValueError("response_format with type json_schema needs json_schema.schema, a JSON schema object.")
+                raise ParameterError("response_format with type json_schema needs json_schema.schema, a JSON schema "
+                                     "object.", "response_format")
             return StructuredOutputsParams(json=schema)
         return None
 
@@ -87,6 +90,8 @@ class SamplingFields(BaseModel):
     response_format: ResponseFormat | None = None
     structured_outputs: dict | None = None  # vLLM's: {"json": schema} | {"regex": ...} | {"choice": [...]} | ...
     prompt_logprobs: int | None = None  # vLLM's
+    skip_special_tokens: bool = True  # vLLM's
+    include_stop_str_in_output: bool = False  # vLLM's
     return_token_ids: bool = False  # extension (as in vLLM): each choice / chunk carries its token ids
 
     def requested_max_tokens(self) -> int | None:
@@ -98,13 +103,14 @@ class SamplingFields(BaseModel):
 
     def structured(self) -> StructuredOutputsParams | None:
         if self.response_format is not None and self.structured_outputs is not None:
-            raise ValueError("response_format and structured_outputs cannot both be given; pick one.")
+            raise ParameterError("response_format and structured_outputs cannot both be given; pick one.",
+                                 "response_format")
         if self.structured_outputs is not None:
             try:
                 return StructuredOutputsParams(**self.structured_outputs)
             except TypeError:
-                raise ValueError("structured_outputs takes one of json, regex, choice, grammar, json_object; got "
-                                 f"{sorted(self.structured_outputs)}.") from None
+                raise ParameterError("structured_outputs takes one of json, regex, choice, grammar, json_object; got "
+                                     f"{sorted(self.structured_outputs)}.", "structured_outputs") from None
         return self.response_format.structured() if self.response_format else None
 
     def token_bias(self) -> dict[int, float] | None:
@@ -113,7 +119,7 @@ class SamplingFields(BaseModel):
         try:
             return {int(token): bias for token, bias in self.logit_bias.items()}
         except ValueError:
-            raise ValueError("logit_bias keys must be token ids, e.g. {\"1234\": -100}.") from None
+            raise ParameterError("logit_bias keys must be token ids, e.g. {\"1234\": -100}.", "logit_bias") from None
 
     def not_implemented(self) -> str | None:
         """The first field that asks for something this server does not do yet."""
@@ -129,12 +135,33 @@ class SamplingFields(BaseModel):
                       stop=self.stop, stop_token_ids=self.stop_token_ids, seed=self.seed, ignore_eos=self.ignore_eos,
                       logprobs=self.sample_logprobs(), prompt_logprobs=self.prompt_logprobs,
                       logit_bias=self.token_bias(), allowed_token_ids=self.allowed_token_ids,
-                      bad_words=self.bad_words, structured_outputs=self.structured())
+                      bad_words=self.bad_words, structured_outputs=self.structured(),
+                      skip_special_tokens=self.skip_special_tokens,
+                      include_stop_str_in_output=self.include_stop_str_in_output)
         for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0), ("min_p", 0.0),
                               ("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
             value = getattr(self, name)
             values[name] = defaults.get(name, default) if value is None else value
         return SamplingParams(**values)
+
+
+# SamplingParams fields that completion_fields does not send, and why (a test holds every other
+# field to reaching the engine pod).
+NOT_FORWARDED = {"n": "RemoteLLM refuses n > 1", "logprobs": "RemoteLLM refuses logprobs",
+                 "prompt_logprobs": "RemoteLLM refuses logprobs"}
+
+
+def completion_fields(p: SamplingParams) -> dict:
+    """The /v1/completions fields that make an engine pod sample as `p` does (server/remote.py): every
+    SamplingFields field SamplingParams shares, except NOT_FORWARDED, in the API's spelling."""
+    shared = {f.name for f in dataclasses.fields(SamplingParams) if f.init} - set(NOT_FORWARDED)
+    body = {name: getattr(p, name) for name in SamplingFields.model_fields if name in shared}
+    body["stop"] = p.stop_strings or None
+    body["stop_token_ids"] = p.stop_token_ids or None
+    body["logit_bias"] = {str(t): b for t, b in (p.logit_bias or {}).items()} or None
+    body["structured_outputs"] = ({k: v for k, v in vars(p.structured_outputs).items() if v is not None}
+                                  if p.structured_outputs else None)
+    return body
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -145,7 +172,7 @@ class ChatCompletionRequest(SamplingFields):
 
     def sample_logprobs(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true.")
+            raise ParameterError("top_logprobs needs logprobs: true.", "top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def requested_max_tokens(self) -> int | None:

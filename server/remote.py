@@ -21,6 +21,7 @@ from engine.client import EngineDeadError, EngineOverloadedError, ModelInfo
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from server.limits import TooManyRequestsError
+from server.protocol import completion_fields
 
 
 class RemoteLLM:
@@ -91,7 +92,7 @@ class RemoteLLM:
             raise ValueError("n > 1 and logprobs are served by the engine pods' own API, not through the UI tier")
         request_id = request_id or f"remote-{time.time_ns()}"
         body = {"model": self._info.name, "prompt": list(prompt), "stream": True, "return_token_ids": True,
-                "stream_options": {"include_usage": True}, "priority": priority, **_sampling_fields(params)}
+                "stream_options": {"include_usage": True}, "priority": priority, **completion_fields(params)}
         if cache_salt:
             body["cache_salt"] = cache_salt
         headers = {**self._headers, "X-Request-Id": request_id, "X-Session-Id": session_id or request_id}
@@ -172,17 +173,6 @@ def _refusal(status: int, body: bytes) -> Exception:
     if status == 503:
         return EngineOverloadedError(message) if "overloaded" in message else EngineDeadError(message)
     return ValueError(message)
-
-
-def _sampling_fields(p: SamplingParams) -> dict:
-    return {"max_tokens": p.max_tokens, "temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k,
-            "min_p": p.min_p, "stop": p.stop_strings or None, "seed": p.seed, "min_tokens": p.min_tokens,
-            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-            "repetition_penalty": p.repetition_penalty, "ignore_eos": p.ignore_eos,
-            "stop_token_ids": p.stop_token_ids or None, "allowed_token_ids": p.allowed_token_ids,
-            "bad_words": p.bad_words, "logit_bias": {str(t): b for t, b in (p.logit_bias or {}).items()} or None,
-            "structured_outputs": {k: v for k, v in vars(p.structured_outputs).items() if v is not None}
-            if p.structured_outputs else None}
 
 
 def _output(rid, prompt, text, ids, reason, cached, metrics, delta, delta_ids) -> RequestOutput:

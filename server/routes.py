@@ -10,8 +10,9 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.client import EngineClient, ModelInfo
+from engine.errors import parameter_of
 from server.auth import Credentials
-from server.errors import APIError, bad_request, install_error_handlers, param_of
+from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter
 from server.logs import log_request
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
@@ -276,7 +277,7 @@ def sampling(info: ModelInfo, body: SamplingFields, ids: list[int]):
     try:
         return body.sampling_params(room=max(limit - len(ids), 1), defaults=info.sampling_defaults)
     except ValueError as e:
-        raise bad_request(str(e), param_of(str(e))) from None
+        raise bad_request(str(e), parameter_of(e)) from None
 
 
 def finish_logger(request: Request, prompt_len: int, prompt):

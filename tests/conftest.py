@@ -110,3 +110,26 @@ def tiny_chat_model(tmp_path_factory, tokenizer_dir):
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
+
+
+# ---- test tiers (pytest.ini's markers; `make test-fast` runs `-m "not e2e"`) -----------------------
+MODEL_FIXTURES = {"smol_parts", "hf_smol", "smol32", "tiny_model", "tiny_chat_model"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes a model fixture is e2e, whatever its module says."""
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_loads_no_model(request, monkeypatch):
+    """A test not marked e2e that loads a model fails here, so the fast tier stays fast and its
+    markers stay true."""
+    if request.node.get_closest_marker("e2e") is None:
+        import engine.llm_engine
+
+        def refuse(*args, **kwargs):
+            raise AssertionError("this test loads a model: mark it e2e (pytest.mark.e2e)")
+        monkeypatch.setattr(engine.llm_engine, "load", refuse)

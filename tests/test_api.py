@@ -4,6 +4,8 @@ import pytest
 
 from engine import LLM, EngineConfig, EngineOverloadedError, SamplingParams
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model):

@@ -61,11 +61,11 @@ def test_plain_passwords_and_short_keys_are_refused_when_read(tmp_path):
         read_users(str(logins))
     keys = tmp_path / "keys.txt"
     keys.write_text("# shop keys\nalice:sk-alice-0001\nsk-unnamed-0003\n")
-    assert read_api_keys(str(keys), environ={"PAGEDCHAT_API_KEY": "sk-from-env-04"}) == {
+    assert read_api_keys(str(keys), env_key="sk-from-env-04") == {
         "sk-alice-0001": "alice", "sk-unnamed-0003": "api", "sk-from-env-04": "api"}
     keys.write_text("bob:short\n")
     with pytest.raises(ValueError, match="at least 8"):
-        read_api_keys(str(keys), environ={})
+        read_api_keys(str(keys))
 
 
 def test_credentials_name_keys_logins_and_operators():

@@ -7,6 +7,8 @@ import pytest
 from app import build_app, parse_args
 from tests.serving import LiveServer
 
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]

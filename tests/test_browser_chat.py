@@ -12,6 +12,8 @@ from app import build_app, parse_args
 from tests.serving import LiveServer, logins_file
 from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR
 
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory, tiny_chat_model):

@@ -6,9 +6,12 @@ import signal
 import sqlite3
 import subprocess
 
+import pytest
 from gradio_client import Client
 
 from tests.serving import logins_file, start_process, wait_for
+
+pytestmark = pytest.mark.e2e
 
 
 def start_app(model: str, db: str) -> tuple[subprocess.Popen, str]:

@@ -6,6 +6,8 @@ from ui.simulate import CUSTOMER_SERVICE_PROMPT as SYSTEM_PROMPT
 from ui.simulate import user_turns
 from engine import LLM, SamplingParams
 
+pytestmark = pytest.mark.e2e
+
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 

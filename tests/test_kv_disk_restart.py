@@ -4,9 +4,12 @@ import signal
 import subprocess
 
 import httpx
+import pytest
 from openai import OpenAI
 
 from tests.serving import start_process, wait_for
+
+pytestmark = pytest.mark.e2e
 
 
 def start_server(model: str, *flags: str) -> tuple[subprocess.Popen, str]:

@@ -10,6 +10,8 @@ import torch
 from engine import SamplingParams
 from engine.sampling_params import StructuredOutputsParams
 
+pytestmark = pytest.mark.e2e
+
 PASSAGE = ("Orders ship within two business days from our warehouse in Denver. Standard shipping takes three "
            "to five business days and is free for orders over fifty dollars.")
 ORDER_SCHEMA = {

@@ -9,6 +9,8 @@ from engine.request import Request
 from engine.sampling_params import SamplingParams
 from tests.conftest import TINY_ARCHS
 
+pytestmark = pytest.mark.e2e
+
 
 def paged_logits(llm: LLM, token_ids: list[int], chunks: list[int]) -> torch.Tensor:
     """Logits at every position, computing the sequence in the given chunk sizes so later chunks

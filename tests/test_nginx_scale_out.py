@@ -16,6 +16,8 @@ from app import build_app, parse_args
 from storage import Store
 from tests.serving import LiveServer, logins_file, wait_for
 
+pytestmark = pytest.mark.e2e
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NGINX = os.path.join(ROOT, ".tools", "nginx", "usr", "sbin", "nginx")  # Debian's, unpacked by `make tools`
 NGINX_CONF = """

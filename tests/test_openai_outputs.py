@@ -10,6 +10,8 @@ from engine.async_llm import AsyncLLM
 from tests.serving import LiveServer
 from tests.test_logprobs_and_constraints import ORDER_SCHEMA, PASSAGE, check_order
 
+pytestmark = pytest.mark.e2e
+
 QUESTION = [{"role": "user", "content": "My parcel NW20481377 is late. What should I do?"}]
 EXTRACT = [{"role": "system", "content": "Extract the order number, the product and the customer's intent as JSON."},
            {"role": "user", "content": "Order NW55512345: the two-person tent leaks. I would like a new one."}]

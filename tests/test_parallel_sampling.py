@@ -7,6 +7,8 @@ from engine import LLM, SamplingParams
 from engine.client import BlockState
 from engine.snapshot import take_snapshot
 
+pytestmark = pytest.mark.e2e
+
 STORY = [{"role": "user", "content": "Tell me a short story about a parcel that got lost and was found again."}]
 
 

@@ -8,7 +8,7 @@ from engine import LLM, SamplingParams, cpu_kernels
 from engine.checkpoint.gguf import gguf_weights
 from engine.checkpoint.quantized import Packed4
 from engine.checkpoint.source import default_model_path
-from engine.dense import DenseWeight, can_pack
+from engine.linear import DenseKernel, can_pack
 from engine.quant.kernels import SMALL_M, Int4Weight, Int8Weight, quantize_int4, quantize_int8
 from tests.test_models import paged_logits
 
@@ -136,9 +136,6 @@ def test_the_engine_setting_picks_the_kernel_for_decode_rows(tiny_model, monkeyp
     """int8_activations (default on) sends a bf16 model's decode rows, and a small step's prompt rows,
     to the int8-row kernel; off, decode rows to the bf16 one; the greedy tokens agree at first."""
     path, _ = tiny_model("qwen2")
-    from engine.quant import kernels
-
-    monkeypatch.setattr(kernels, "_int8_activations", kernels._int8_activations)  # restored after
     calls = []  # (kernel, rows)
     for name in ("int4_matmul", "int4_matmul_i8"):
         fn = getattr(cpu_kernels._lib, name)
@@ -174,13 +171,13 @@ def test_int8_rows_take_every_row_so_chunking_leaves_greedy_unchanged(tiny_model
     tokens = {}
     for budget in (1024, 64):
         llm = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64, max_num_batched_tokens=budget)
-        assert llm.engine.model.model.layers[0].mlp.down_proj.quant.dense is None
+        assert llm.engine.model.model.layers[0].mlp.down_proj.kernel.dense is None
         tokens[budget] = llm.generate(prompt, params)[0].outputs[0].token_ids
     assert 450 in rows and max(rows) == 450  # the whole prompt in one step, through the packed kernel
     assert tokens[1024] == tokens[64]
     monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     amx = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64)
-    assert amx.engine.model.model.layers[0].mlp.down_proj.quant.dense is not None
+    assert amx.engine.model.model.layers[0].mlp.down_proj.kernel.dense is not None
 
 
 def test_int4_act_order_permutation_is_undone():
@@ -258,8 +255,8 @@ def test_fp32_models_keep_int4_packed_where_our_fp32_kernel_runs(tiny_model):
     """On CPUs without fast bf16 the model runs in fp32: 4-bit weights still stay 4-bit."""
     path, _ = tiny_model("llama")
     llm = LLM(path, dtype="float32", quantization="int4", num_kv_blocks=16)
-    layer = next(m for m in llm.engine.runner.model.modules() if getattr(m, "quant", None) is not None)
-    assert layer.quant.kernel_dtype == torch.float32 and layer.quant.packed.dtype == torch.uint8
+    layer = next(m for m in llm.engine.runner.model.modules() if isinstance(getattr(m, "kernel", None), Int4Weight))
+    assert layer.kernel.kernel_dtype == torch.float32 and layer.kernel.packed.dtype == torch.uint8
     out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4
 
@@ -272,7 +269,7 @@ needs_packing = pytest.mark.skipif(not can_pack(torch.empty(1, 1, dtype=torch.bf
 def test_packed_dense_weight_computes_the_plain_linear():
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 64, generator=g).bfloat16(), torch.randn(96, generator=g).bfloat16()
-    dense = DenseWeight(w)
+    dense = DenseKernel(w)
     assert dense.packed is not None and dense.plain is None
     for rows in (0, 1, 5, 64):
         x = torch.randn(rows, 64, generator=g).bfloat16()
@@ -291,11 +288,11 @@ def test_packed_weights_keep_greedy_outputs_and_count_their_bytes(tiny_model, mo
     packed = LLM(path, dtype="bfloat16", num_kv_blocks=128)
     model = packed.engine.model
     qkv = model.model.layers[0].self_attn.qkv_proj
-    assert qkv.dense.packed is not None and qkv.weight is None and qkv.bias is not None
+    assert qkv.kernel.packed is not None and qkv.weight is None and qkv.bias is not None
+    assert model.lm_head.kernel.packed is not None and model.lm_head.tied  # the tied head: its own packed copy
     monkeypatch.setenv("PAGEDCHAT_NO_PACKING", "1")
     plain = LLM(path, dtype="bfloat16", num_kv_blocks=128)
-    assert plain.engine.model.model.layers[0].self_attn.qkv_proj.dense is None  # not packed: its plain weight
+    assert plain.engine.model.model.layers[0].self_attn.qkv_proj.kernel.reads_parameter  # not packed: its plain weight
     assert [o.outputs[0].token_ids for o in packed.generate(prompts, params)] == \
         [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
-    head = model.lm_head_dense.nbytes if model.lm_head_dense is not None else 0
-    assert packed.engine.weight_bytes >= plain.engine.weight_bytes + head
+    assert packed.engine.weight_bytes >= plain.engine.weight_bytes + model.lm_head.kernel.resident_bytes

@@ -17,6 +17,8 @@ from engine.async_llm import AsyncLLM
 from storage import Store
 from tests.serving import LiveServer, logins_file
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def engine_pod(tiny_model):

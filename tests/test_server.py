@@ -14,6 +14,8 @@ from server.auth import Credentials
 from server.routes import create_app
 from tests.serving import LiveServer, wait_for
 
+pytestmark = pytest.mark.e2e
+
 QUESTION = [{"role": "user", "content": "My parcel NW20481377 is late. What should I do?"}]
 
 

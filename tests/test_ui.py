@@ -7,6 +7,8 @@ from app import build_app, parse_args
 from storage import Store
 from tests.serving import LiveServer, logins_file, wait_for
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory):

@@ -14,7 +14,7 @@ from torch import nn
 from engine.checkpoint.gguf import gguf_weights
 from engine.checkpoint.quantized import Packed4, QuantSpec, detect, to_int4
 from engine.checkpoint.source import ModelSource
-from engine.layers import default_weight_loader
+from engine.linear import default_weight_loader
 from engine.models import model_class
 
 Weights = Iterator[tuple[str, "torch.Tensor | Packed4"]]
@@ -59,7 +59,7 @@ def load_weights(model: nn.Module, weights: Weights) -> dict[str, list[Packed4]]
     loaded: set[str] = set()
     packed: dict[str, list[Packed4 | None]] = {}
     for name, value in weights:
-        if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head is None):
+        if "rotary_emb" in name or (name == "lm_head.weight" and model.lm_head.tied):
             continue
         target, shard_id = _target(name, mapping)
         if target not in params:

@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.quant.kernels import INT4_GROUP_SIZES
-
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # the group sizes the int4 kernels take
 GPTQ_PARTS = ("qweight", "qzeros", "scales", "g_idx")
 CT_PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape")
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # nibble i of an AWQ word holds column 8c + AWQ_ORDER[i]

@@ -8,6 +8,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "common.h"
+#include "kernels.h"
 #include "pool.h"
 
 struct job {

@@ -8,7 +8,9 @@
  * With K in pairs (2026-12-02, an AVX-512 EPYC, attention alone at 64 rows, fp32): 1.78-2.12 ms against
  * 1.91-2.04 summing per token (8-token tiles of 6 sums for 3 rows lost: 1.84-2.28). */
 #pragma once
-#if defined(__AVX2__) && defined(__FMA__)
+#include "common.h"
+
+#ifdef PC_AVX2_FMA
 #include <immintrin.h>
 #include <stdint.h>
 
@@ -17,7 +19,7 @@
  * one vector holds one pair of 4 tokens and meets each row's pair, broadcast, in one FMA (12
  * independent sums for 3 rows, enough to cover the FMA's latency); the two lanes of each token are
  * added once at the end. q: the rows' K-sized rows, D apart. */
-static inline __attribute__((always_inline)) void scores_rows_f32(const float *k, int64_t pair_stride,
+ALWAYS_INLINE void scores_rows_f32(const float *k, int64_t pair_stride,
                                                                   const float *q, int D, const int ROWS,
                                                                   float scale, float *out, int64_t L, int n) {
     __m256 a[3][4];
@@ -65,7 +67,7 @@ static void scores_f32(const float *qf, const float *k_cache, const int64_t *tab
 
 /* Pass 2 for ROWS (1-3, a constant at each call) query rows of one kv head and 32 of their output
  * dimensions: acc [ROWS][32] += p[row, t] * V[t] over the head's tokens. */
-static inline __attribute__((always_inline)) void values_rows_f32(const float *v_head, const int64_t *table,
+ALWAYS_INLINE void values_rows_f32(const float *v_head, const int64_t *table,
                                                                   int64_t L, int64_t stride, int block_size,
                                                                   const float *p, int64_t L_p, const int ROWS,
                                                                   float *out, int D) {

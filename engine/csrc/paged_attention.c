@@ -26,11 +26,12 @@
 #include <string.h>
 
 #include "attention_f32.h"
-#include "bf16.h"
+#include "common.h"
+#include "kernels.h"
 #include "exp.h"
 #include "pool.h"
 
-#if defined(__AVX512BF16__)
+#ifdef PC_AVX512_BF16
 #include <immintrin.h>
 
 /* Scores of `rows` query rows of one kv head (at most 4; a constant where it is called, so the loops
@@ -38,7 +39,7 @@
  * k1 at pair 0 of their first token. One 64-byte load holds one dimension pair of 16 tokens; it meets
  * each row's pair, broadcast, in one vdpbf16ps, so lane i accumulates token i's score: no sum across
  * lanes, and each K vector serves every query row of its head. q: the rows' pairs, `half` apart. */
-static inline __attribute__((always_inline)) void scores_tile(const uint16_t *k0, const uint16_t *k1,
+ALWAYS_INLINE void scores_tile(const uint16_t *k0, const uint16_t *k1,
                                                               int64_t pair_stride, const uint32_t *q, int half,
                                                               int rows, float scale, float *out, int64_t L,
                                                               int n0, int n1) {
@@ -97,7 +98,7 @@ static void scores_bf16(const uint16_t *q, const uint16_t *k_cache, const int64_
  * leave the outputs' lanes in the order d = 8l + k (l a 128-bit lane) then 8l + 4 + k; they are put
  * back at the end. `rows` is a constant where it is called, so the loops over it unroll.
  * Measured (bench/attention.py, batch 64, with the kernel threads): 1.16 -> 0.69 ms a layer. */
-static inline __attribute__((always_inline)) void values_d64_rows(const uint16_t *v_head, const int64_t *table,
+ALWAYS_INLINE void values_d64_rows(const uint16_t *v_head, const int64_t *table,
                                                                   int64_t L, int Hkv, int block_size,
                                                                   const uint16_t *p, int64_t Lp, int rows,
                                                                   float *out) {
@@ -174,16 +175,16 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     const int W = nh * D;                               /* floats of one token's K (or V) row */
     /* scores [R, L], q and acc [R, D], one K/V row, then the probabilities in bf16 [R, L + 1] */
     float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W) + sizeof(uint16_t) * R * (L + 1));
-    if (!scores) return 1;
+    if (!scores) return PC_NO_MEMORY;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
     for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
-#if defined(__AVX512BF16__)
+#ifdef PC_AVX512_BF16
     if (dtype == 1 && block_size % 16 == 0)
         scores_bf16((const uint16_t *)q + (int64_t)h0 * G * D, k_cache, table, L, h0, nh, G, Hkv, D,
                     block_size, scale, scores);
     else
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef PC_AVX2_FMA
     if (dtype == 0 && D % 32 == 0 && block_size % 16 == 0)
         scores_f32(qf, k_cache, table, L, h0, nh, G, Hkv, D, block_size, scale, scores);
     else
@@ -210,12 +211,12 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
         sums[r] = sum;
         maxes[r] = m;
     }
-#if defined(__AVX512BF16__)
+#ifdef PC_AVX512_BF16
     if (dtype == 1 && D == 64)
         values_bf16_d64(v_cache, table, L, h0, nh, G, Hkv, block_size, scores, (uint16_t *)(row + W), acc);
     else
 #endif
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef PC_AVX2_FMA
     if (dtype == 0 && D % 32 == 0 && block_size % 8 == 0)
         values_f32(v_cache, table, L, h0, nh, G, Hkv, D, block_size, scores, acc);
     else
@@ -275,7 +276,7 @@ static void attend_tasks(void *ctx, int part, int parts) {
                    p >= 0 ? j->prefix_lse + p * j->H : NULL, j->block_tables + (int64_t)b * j->max_blocks,
                    j->starts ? j->starts[b] : 0, j->seq_lens[b], h0, h0 + per, j->H, j->Hkv, j->D, j->block_size,
                    j->scale, j->dtype))
-            atomic_store(&j->failed, 1);
+            atomic_store(&j->failed, PC_NO_MEMORY);
     }
 }
 

@@ -18,13 +18,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "common.h"
+#include "kernels.h"
 #include "exp.h"
 #include "pool.h"
 
-#if defined(__AVX512BF16__)
+#ifdef PC_AVX512_BF16
 #include <immintrin.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define SCORE_ROWS 8 /* query vectors of a score tile: 8 x 2 token vectors = 16 accumulators */
 #define CHUNK 48     /* query vectors of a task: a multiple of every tile's row count */
 
@@ -154,13 +155,13 @@ static void tasks(void *ctx, int part, int parts) {
 
 int prefix_attention(const void *q, int64_t q_stride, const void *kt, const void *vp, float *out, float *lse,
                      int S, int H, int Hkv, int D, int64_t P, float scale, int threads) {
-    if ((D != 64 && D != 128) || P % 16 || P <= 0 || H % Hkv) return -1;
+    if ((D != 64 && D != 128) || P % 16 || P <= 0 || H % Hkv) return PC_BAD_SHAPE;
     if (S <= 0) return 0;
     const int chunks = (S * (H / Hkv) + CHUNK - 1) / CHUNK;
     struct job j = {q, kt, vp, out, lse, q_stride, P, S, H, Hkv, D, chunks, scale, 0, 0};
     if (threads > Hkv * chunks) threads = Hkv * chunks;
     pool_run(threads, tasks, &j);
-    return atomic_load(&j.failed) ? -2 : 0;
+    return atomic_load(&j.failed) ? PC_NO_MEMORY : PC_OK;
 }
 
 #else
@@ -168,6 +169,6 @@ int prefix_attention(const void *q, int64_t q_stride, const void *kt, const void
                      int S, int H, int Hkv, int D, int64_t P, float scale, int threads) {
     (void)q, (void)q_stride, (void)kt, (void)vp, (void)out, (void)lse, (void)S, (void)H, (void)Hkv, (void)D;
     (void)P, (void)scale, (void)threads;
-    return -1;
+    return PC_UNSUPPORTED;
 }
 #endif

@@ -26,17 +26,19 @@
  *           q[16b + c, 2p + i]; scales [N] fp32. With int8 rows (int8_matmul_i8) a layout of its own,
  *           described at tile8_i8 (quant_int8_rows.h).
  *   x [M, K] bf16 contiguous, y [M, N] bf16.
- * Return 0, or -1 where this CPU lacks AVX-512 BF16 and VNNI (the caller then uses torch), -2 out of memory.
+ * Return PC_OK, PC_UNSUPPORTED where this CPU lacks AVX-512 BF16 and VNNI (the caller then uses torch),
+ * PC_NO_MEMORY (common.h).
  */
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "common.h"
+#include "kernels.h"
 #include "pool.h"
 
-#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+#ifdef PC_AVX512_BF16_VNNI
 #include <immintrin.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* 16 bf16 values as fp32. */
 ALWAYS_INLINE __m512 load16_bf16(const uint16_t *p) {
@@ -204,7 +206,7 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
     if (M <= 0 || N <= 0) return 0;
     const int G = K / group;
     float *xsum = malloc(sizeof(float) * (size_t)M * G);
-    if (!xsum) return -2;
+    if (!xsum) return PC_NO_MEMORY;
     const uint16_t *xb = (const uint16_t *)x;
     for (int m = 0; m < M; m++)
         for (int g = 0; g < G; g++) {
@@ -229,7 +231,7 @@ static int with_int8_rows(const void *x, const void *packed, const void *scales,
     if (M <= 0 || N <= 0) return 0;
     const size_t A = K / 32, floats = 2 * (size_t)M * A + M;
     int8_t *xq = malloc((size_t)M * K + sizeof(float) * floats);
-    if (!xq) return -2;
+    if (!xq) return PC_NO_MEMORY;
     float *xd = (float *)(xq + (size_t)M * K), *xsum = xd + M * A, *xbias = xsum + M * A;
     struct rows_job r = {x, xq, xd, xsum, kind == INT8_I8 ? xbias : NULL, M, K};
     pool_run(threads < M ? threads : M, quantize_rows, &r);
@@ -257,23 +259,23 @@ int int8_matmul(const void *x, const void *packed, const void *scales, void *y, 
 #else
 int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
-    return -1;
+    return PC_UNSUPPORTED;
 }
 
 int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                    int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
-    return -1;
+    return PC_UNSUPPORTED;
 }
 
 int int4_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                 int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
-    return -1;
+    return PC_UNSUPPORTED;
 }
 
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
-    return -1;
+    return PC_UNSUPPORTED;
 }
 #endif

@@ -20,12 +20,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "common.h"
+#include "kernels.h"
 #include "pool.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
+#ifdef PC_AVX2_FMA
 #include <immintrin.h>
 
-#define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define STRIP_ROWS 3
 
 struct job {
@@ -168,7 +169,7 @@ static int run(const void *x, const void *packed, const void *scales, void *y, i
     if ((int64_t)M * N * K < THREADS_FROM) threads = 1;
     if (threads > N / 16) threads = N / 16;
     pool_run(threads, columns_part, &j);
-    return j.failed ? -2 : 0;
+    return j.failed ? PC_NO_MEMORY : PC_OK;
 }
 
 int int4_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
@@ -185,12 +186,12 @@ int int8_matmul_f32(const void *x, const void *packed, const void *scales, void 
 int int4_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                     int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
-    return -1;
+    return PC_UNSUPPORTED;
 }
 
 int int8_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
                     int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
-    return -1;
+    return PC_UNSUPPORTED;
 }
 #endif

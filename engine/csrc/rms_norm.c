@@ -13,7 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "bf16.h"
+#include "common.h"
+#include "kernels.h"
 #include "pool.h"
 
 struct job {

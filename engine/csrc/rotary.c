@@ -9,7 +9,8 @@
  */
 #include <stdint.h>
 
-#include "bf16.h"
+#include "common.h"
+#include "kernels.h"
 
 static inline float round_to(float x, int dtype) { return dtype ? bf16_to_f32(f32_to_bf16(x)) : x; }
 

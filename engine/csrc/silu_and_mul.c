@@ -8,7 +8,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "bf16.h"
+#include "common.h"
+#include "kernels.h"
 #include "exp.h"
 #include "pool.h"
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import PagedAttention
-from engine.layers import Linear, RMSNorm, RotaryEmbedding, SiluAndMul
+from engine.layers import RMSNorm, RotaryEmbedding, SiluAndMul
+from engine.linear import Linear
+from engine.models.registry import register_model
 
 
 class LlamaAttention(nn.Module):
@@ -90,6 +91,9 @@ class LlamaModel(nn.Module):
         return self.norm(h, residual)[0]
 
 
+@register_model("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                model_types={"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                             "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"})
 class LlamaForCausalLM(nn.Module):
     # checkpoint name -> (fused parameter name, shard id)
     packed_modules_mapping = {
@@ -101,24 +105,13 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.model = LlamaModel(cfg, max_positions)
-        self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.lm_head_quant = None  # set by engine.quant: the LM head apart from the tied embedding
-        self.lm_head_dense = None  # set by engine.dense: the tied embedding packed as the LM head
-        if self.tie_word_embeddings:
-            self.lm_head = None
-        else:
-            self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
+        tied = self.model.embed_tokens.weight if getattr(cfg, "tie_word_embeddings", False) else None
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, tied_to=tied)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head_quant is not None:
-            return self.lm_head_quant.matmul(hidden).float()
-        if self.lm_head_dense is not None:
-            return self.lm_head_dense(hidden).float()
-        if self.lm_head is None:
-            return F.linear(hidden, self.model.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
     def attention_layers(self) -> list[PagedAttention]:

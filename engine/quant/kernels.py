@@ -1,9 +1,9 @@
 """Quantized weights in their kernels' layouts, converted once at load.
 
 CPU: a packed kernel serves decode-sized batches: ours (engine/csrc/quant_matmul.c for bf16 rows where
-the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 (set_int8_activations);
+the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 (`int8_rows`);
 engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else PyTorch's
-`_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul (engine/dense.py)
+`_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul (engine/linear.py)
 on many rows, so each weight also keeps a dense copy in the model dtype (prompt rows take it) and
 `packed_rows` picks the path per call; 4-bit weights with int8 rows take every row and keep none, except
 on CPUs with AMX, where large steps' prompt rows take the dense copy.
@@ -16,8 +16,9 @@ import torch.nn.functional as F
 
 from engine import cpu_kernels
 from engine.attention import decode_rows
+from engine.checkpoint.quantized import INT4_GROUP_SIZES
 from engine.config import cpu_flags
-from engine.dense import DenseWeight
+from engine.linear import DenseKernel, Linear, LinearKernel
 
 # Rows up to which the packed kernels beat dense bf16 in a decode step on this CPU. Measured in the
 # engine, not on one matrix: a lone matrix sits in cache and favours dense already at 2 rows, but a
@@ -44,17 +45,6 @@ INT8_ROWS_SMALL_M = 64
 # 1024 33 vs 27. Where the CPU has AMX, oneDNN's bf16 tiles take the prompt rows of steps above
 # INT8_ROWS_ALL_ROWS_AMX rows (a dense copy is kept for them).
 INT8_ROWS_ALL_ROWS_AMX = 384
-INT4_GROUP_SIZES = (32, 64, 128, 256)
-
-
-_int8_activations = True  # set_int8_activations()
-
-
-def set_int8_activations(on: bool) -> None:
-    """Whether weights packed from now on take bf16 rows as int8 per 32 inputs (the engine's
-    int8_activations; csrc/quant_matmul.c's *_i8 kernels) or as they are."""
-    global _int8_activations
-    _int8_activations = bool(on)
 
 
 def packed_rows(rows: int, limit: int, all_rows: int = 0) -> int:
@@ -74,13 +64,25 @@ def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x if x.dtype is dtype else x.to(dtype)
 
 
-class QuantizedWeight:
-    """The matmul a quantized Linear runs: y = x @ W^T without materialising W for small batches."""
+class QuantizedWeight(LinearKernel):
+    """The kernel of a quantized Linear: y = x @ W^T without materialising W for small batches."""
     bits: int
-    dense: DenseWeight | None
+    dense: DenseKernel | None
     small_m: int  # rows up to which the packed kernel serves (packed_rows)
-    int8_rows = False  # bf16 rows rounded to int8 per 32 inputs (set_int8_activations at load)
+    int8_rows = False  # bf16 rows rounded to int8 per 32 inputs (csrc/quant_matmul.c's *_i8 kernels)
     all_rows = 0  # packed_rows'
+
+    @property
+    def label(self) -> str:
+        return type(self).__name__
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.matmul(x)
+        return y if bias is None else y + bias
+
+    @property
+    def resident_bytes(self) -> int:
+        return self.nbytes + (self.dense.resident_bytes if self.dense is not None else 0)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         small = packed_rows(x.shape[0], self.small_m, self.all_rows) if self.dense is not None else x.shape[0]
@@ -101,11 +103,13 @@ class Int4Weight(QuantizedWeight):
     """w[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n], g = k // group_size; q in 0..15.
     `perm` (act-order checkpoints) reorders the input features so groups are contiguous.
     On a CPU with AVX-512 BF16, few rows go through our kernel (engine/csrc/quant_matmul.c), else
-    through torch's."""
+    through torch's. `int8_rows`: bf16 rows are rounded to int8 per 32 inputs where that kernel runs
+    (the engine's int8_activations)."""
     bits = 4
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
-                 dtype: torch.dtype, perm: torch.Tensor | None = None, keep_dense: bool = True) -> None:
+                 dtype: torch.dtype, perm: torch.Tensor | None = None, keep_dense: bool = True,
+                 int8_rows: bool = True) -> None:
         N, K = q.shape
         if group_size not in INT4_GROUP_SIZES or K % group_size or N % 16:
             raise ValueError(f"int4 kernel needs group size in {INT4_GROUP_SIZES}, K % group == 0, N % 16 == 0; "
@@ -113,7 +117,7 @@ class Int4Weight(QuantizedWeight):
         self.N, self.K, self.group_size, self.dtype, self.perm = N, K, group_size, dtype, perm
         device = q.device
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if device.type == "cpu" else None
-        self.int8_rows = self.kernel_dtype == torch.bfloat16 and _int8_activations
+        self.int8_rows = self.kernel_dtype == torch.bfloat16 and int8_rows
         if self.kernel_dtype is not None:
             self.packed, self.scales_and_zeros = cpu_kernels.int4_pack(q, scales, zeros, self.kernel_dtype)
         else:
@@ -125,7 +129,7 @@ class Int4Weight(QuantizedWeight):
         self.small_m = OUR_SMALL_M[4, self.kernel_dtype] if self.kernel_dtype is not None else SMALL_M
         every_row = self.int8_rows and "amx_bf16" not in cpu_flags()
         self.all_rows = INT8_ROWS_ALL_ROWS_AMX if self.int8_rows else 0
-        self.dense = DenseWeight(self.dequantize(q, scales, zeros).to(dtype)) \
+        self.dense = DenseKernel(self.dequantize(q, scales, zeros).to(dtype)) \
             if keep_dense and device.type == "cpu" and not every_row else None
 
     def dequantize(self, q, scales, zeros) -> torch.Tensor:
@@ -157,12 +161,13 @@ class Int8Weight(QuantizedWeight):
     with AVX-512 BF16 (engine/csrc/quant_matmul.c), else through torch's."""
     bits = 8
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, keep_dense: bool = True) -> None:
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, keep_dense: bool = True,
+                 int8_rows: bool = True) -> None:
         self.q = q.to(torch.int8).contiguous()
         self.dtype = dtype
         fits = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if fits else None
-        self.int8_rows = self.kernel_dtype == torch.bfloat16 and _int8_activations and q.shape[1] % 32 == 0
+        self.int8_rows = self.kernel_dtype == torch.bfloat16 and int8_rows and q.shape[1] % 32 == 0
         if self.kernel_dtype is not None:
             self.q = cpu_kernels.int8_pack(self.q, self.kernel_dtype, self.int8_rows)
             self.scales = scales.float().contiguous()
@@ -170,7 +175,7 @@ class Int8Weight(QuantizedWeight):
             self.scales = scales.to(torch.bfloat16).contiguous()
         self.small_m = INT8_ROWS_SMALL_M if self.int8_rows else \
             OUR_SMALL_M[8, self.kernel_dtype] if self.kernel_dtype is not None else SMALL_M
-        self.dense = DenseWeight((q.float() * scales.float()[:, None]).to(dtype)) \
+        self.dense = DenseKernel((q.float() * scales.float()[:, None]).to(dtype)) \
             if keep_dense and q.device.type == "cpu" else None
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -198,7 +203,7 @@ class ConcatWeight(QuantizedWeight):
 
     @property
     def nbytes(self) -> int:
-        return sum(p.nbytes + (p.dense.nbytes if p.dense is not None else 0) for p in self.parts)
+        return sum(p.resident_bytes for p in self.parts)
 
 
 def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -219,21 +224,5 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def int8_rows_in_use(model) -> bool:
-    """Whether decode rows of this model meet its packed weights as int8 (set_int8_activations)."""
-    return any(getattr(getattr(m, name, None), "int8_rows", False)
-               for m in model.modules() for name in ("quant", "lm_head_quant"))
-
-
-def weight_bytes(model) -> int:
-    """Bytes the weights take: parameters plus packed weights and their dense copies."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    seen = set()
-    for module in model.modules():
-        for q in (getattr(module, "quant", None), getattr(module, "lm_head_quant", None)):
-            if q is not None and id(q) not in seen:
-                seen.add(id(q))
-                total += q.nbytes + (q.dense.nbytes if q.dense is not None else 0)
-        for d in (getattr(module, "dense", None), getattr(module, "lm_head_dense", None)):
-            if d is not None:  # packed copies (engine/dense.py): not parameters
-                total += d.nbytes
-    return total
+    """Whether decode rows of this model meet its packed weights as int8 (`int8_rows`)."""
+    return any(getattr(m.kernel, "int8_rows", False) for m in model.modules() if isinstance(m, Linear))

@@ -1,0 +1,37 @@
+/* Every function the shared library exports, as engine/cpu_kernels.py declares them to ctypes.
+ * Functions returning int return a PC_* code (common.h). */
+#pragma once
+#include <stdint.h>
+
+/* pagedchat_features(): which vectorised paths this build has (the rest answer PC_UNSUPPORTED). */
+#define PC_FEATURE_BF16_ATTENTION 1 /* AVX-512 BF16: paged_decode_attention's bf16 path, prefix_attention */
+#define PC_FEATURE_QUANT_BF16 2     /* AVX-512 BF16 + VNNI: int4_matmul, int8_matmul and their _i8 forms */
+#define PC_FEATURE_QUANT_F32 4      /* AVX2 + FMA: int4_matmul_f32, int8_matmul_f32 */
+#define PC_FEATURE_F32_ATTENTION 8  /* AVX2 + FMA: paged_decode_attention's vectorised fp32 path */
+int pagedchat_features(void);
+
+int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, void *out,
+                           const int64_t *block_tables, const int64_t *seq_lens, const int64_t *starts,
+                           const int64_t *prefix_row, const float *prefix_out, const float *prefix_lse, int B,
+                           int H, int Hkv, int D, int block_size, int max_blocks, float scale, int dtype,
+                           int threads);
+void kv_store(const void *k, int64_t k_stride, const void *v, int64_t v_stride, void *k_cache, void *v_cache,
+              const int64_t *slots, int64_t T, int Hkv, int D, int block_size, int dtype);
+int prefix_attention(const void *q, int64_t q_stride, const void *kt, const void *vp, float *out, float *lse,
+                     int S, int H, int Hkv, int D, int64_t P, float scale, int threads);
+void rms_norm(const void *x, void *residual, const void *weight, void *out, int64_t rows, int n, float eps,
+              int dtype, int threads);
+void silu_and_mul(const void *x, void *out, int64_t rows, int n, int dtype, int threads);
+void rotary_neox(void *q, void *k, int64_t q_stride, int64_t k_stride, const float *cos, const float *sin,
+                 const int64_t *positions, int64_t T, int Hq, int Hk, int D, int dtype);
+void argmax_rows(const float *x, int64_t *out, int64_t rows, int64_t n, int threads);
+int int4_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                int threads);
+int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                   int threads);
+int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads);
+int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads);
+int int4_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                    int threads);
+int int8_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
+                    int threads);

@@ -1,0 +1,57 @@
+"""Loading a model, in one order: source -> config and tokenizer -> weights into our model ->
+quantized kernels -> identity -> dense packing -> size. LLMEngine takes the result as it is."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from engine.checkpoint.load import build_model, quant_spec
+from engine.checkpoint.source import ModelSource, load_config_and_tokenizer, resolve_model, sampling_defaults
+from engine.kv_disk_format import model_identity
+from engine.linear import weight_bytes
+from engine.quant.choices import choose_mode
+from engine.quant.kernels import int8_rows_in_use
+from engine.quant.methods import pack_dense_linears, quantize_linears
+from engine.sizing import resolve_max_model_len
+
+log = logging.getLogger("pagedchat.loader")
+
+
+@dataclass
+class LoadedModel:
+    source: ModelSource
+    hf_config: object
+    tokenizer: object
+    model: nn.Module
+    max_model_len: int  # before the KV pool is sized (sizing.fit_to_pool may lower it)
+    quantization: str  # the mode chosen (choices.choose_mode)
+    quantization_shown: str  # what the panel and the log show: "gguf, int8 rows" where rows meet 4-bit as int8
+    identity: bytes  # what a block's K/V depends on (names the disk tier's folder)
+    weight_bytes: int
+    sampling_defaults: dict
+    sampling_source: str
+
+
+def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, device: torch.device,
+         max_model_len: int | None, block_size: int, int8_activations: bool) -> LoadedModel:
+    """The model named by `model` (see checkpoint.source.resolve_model) with every Linear on its
+    final kernel. Raises ValueError for a model or quantization that cannot be loaded."""
+    source = resolve_model(model)
+    hf_config, tokenizer = load_config_and_tokenizer(source)
+    max_len = resolve_max_model_len(hf_config, max_model_len)
+    spec = quant_spec(source, hf_config)
+    mode = choose_mode(quantization, spec, source.kind, dtype)
+    keep_packed = mode in ("gguf", getattr(spec, "method", None))  # 4-bit layers stay 4-bit
+    net, packed = build_model(source, hf_config, dtype, device, max_len, keep_packed=keep_packed)
+    if "dequantized" in mode:
+        log.info("%s checkpoint dequantized to %s at load (no packed kernel takes that dtype here)", spec.method, dtype)
+    quantize_linears(net, mode, dtype, packed, int8_activations)
+    identity = model_identity(net, dtype, mode, block_size)  # before packing: the weights as loaded
+    pack_dense_linears(net)
+    shown = mode + (", int8 rows" if int8_rows_in_use(net) else "")
+    defaults, defaults_source = sampling_defaults(source)
+    return LoadedModel(source, hf_config, tokenizer, net, max_len, mode, shown, identity, weight_bytes(net),
+                       defaults, defaults_source)

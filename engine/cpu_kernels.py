@@ -162,7 +162,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def prefix_kernel(dtype: torch.dtype, head_dim: int, tokens: int) -> bool:
     """Whether prefix_attention serves a shared prefix of `tokens` tokens (bf16 on AVX-512 BF16)."""
-    return has("bf16_attention") and dtype == torch.bfloat16 and head_dim in (64, 128) and tokens % 16 == 0 and tokens > 0
+    return (has("bf16_attention") and dtype == torch.bfloat16 and head_dim in (64, 128) and tokens % 16 == 0
+            and tokens > 0)
 
 
 def prefix_attention(q: torch.Tensor, kt: torch.Tensor, vp: torch.Tensor, scale: float,

@@ -102,8 +102,8 @@ class LLMEngine:
         for field, named in params.token_ids_used().items():
             outside = [t for t in named if t >= vocab]
             if outside:
-                raise ParameterError(f"{field} must name token ids below the vocabulary size {vocab}, got {outside[:5]}",
-                                     field)
+                raise ParameterError(f"{field} must name token ids below the vocabulary size {vocab}, "
+                                     f"got {outside[:5]}", field)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ParameterError(f"priority must be an integer, got {priority!r}", "priority")
         if request_id is None:
@@ -239,7 +239,8 @@ class LLMEngine:
                                       list(req.logprobs) if req.params.logprobs is not None else None)],
             finished=finished and (family is None or (family.forked and not family.live)),
             num_cached_tokens=max(req.num_cached_tokens, 0),
-            metrics=RequestMetrics(req.arrival_time, req.scheduled_time, req.first_token_time, req.finished_time),
+            metrics=RequestMetrics(req.arrival_time, req.scheduled_time, req.first_token_time, req.finished_time,
+                                   req.params.max_tokens),
             error=req.error, delta_text=delta_text, delta_token_ids=delta_ids,
             prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None)
 

@@ -20,6 +20,7 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+_REQUEST_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)  # vLLM's 1-2-5 steps
 
 
 class EngineMetrics:
@@ -60,6 +61,24 @@ class EngineMetrics:
         self.itl = histogram("vllm:inter_token_latency_seconds", "Time between output tokens", _ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Arrival to finish", _LATENCY_BUCKETS)
         self.queue_time = histogram("vllm:request_queue_time_seconds", "Arrival to first scheduled", _LATENCY_BUCKETS)
+        # per finished request, as vLLM v1 (its reference Grafana dashboard reads these)
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Prompt tokens per request",
+                                               _REQUEST_TOKEN_BUCKETS)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens", "Generated tokens per request",
+                                                   _REQUEST_TOKEN_BUCKETS)
+        self.request_max_tokens = histogram("vllm:request_max_num_generation_tokens",
+                                            "The max_tokens each request asked for", _REQUEST_TOKEN_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds", "First scheduled to first token",
+                                      _LATENCY_BUCKETS)
+        self.decode_time = histogram("vllm:request_decode_time_seconds", "First token to finish", _LATENCY_BUCKETS)
+        self.inference_time = histogram("vllm:request_inference_time_seconds", "First scheduled to finish",
+                                        _LATENCY_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Decode time over the tokens after the first, per request", _ITL_BUCKETS)
+        # the names older vLLM dashboards (and its example dashboard) still query
+        self.tpot_legacy = histogram("vllm:time_per_output_token_seconds", "As vllm:request_time_per_output_token_"
+                                     "seconds (the older name)", _ITL_BUCKETS)
+        self.kv_usage_legacy = gauge("vllm:gpu_cache_usage_perc", "As vllm:kv_cache_usage_perc (the older name)")
         self.kv_blocks = gauge("pagedchat:kv_blocks", "KV blocks by state", ["state"])
         self.kv_blocks_total = gauge("pagedchat:kv_blocks_total", "KV blocks in the pool")
         self.batch_size = histogram("pagedchat:batch_size", "Requests per engine step", _TOKEN_BUCKETS)
@@ -121,6 +140,7 @@ class EngineMetrics:
         self._l(self.running).set(stats.num_running)
         self._l(self.waiting).set(stats.num_waiting)
         self._l(self.kv_usage).set(stats.kv_cache_usage)
+        self._l(self.kv_usage_legacy).set(stats.kv_cache_usage)
         self._l(self.kv_blocks, "used").set(stats.kv_blocks_used)
         self._l(self.kv_blocks, "cached").set(stats.kv_blocks_cached)
         self._l(self.kv_blocks, "free").set(stats.kv_blocks_free)
@@ -148,13 +168,27 @@ class EngineMetrics:
         m = out.metrics
         reason = out.outputs[0].finish_reason or "error"
         self._l(self.success, reason if reason in FINISH_REASONS else "error").inc()
+        self._l(self.request_prompt_tokens).observe(len(out.prompt_token_ids or ()))
+        self._l(self.request_generation_tokens).observe(sum(len(c.token_ids) for c in out.outputs))
         if m is None:
             return
+        finished = m.finished_time or now
+        if m.max_tokens is not None:
+            self._l(self.request_max_tokens).observe(m.max_tokens)
         if m.first_token_time is not None:
             self._l(self.ttft).observe(m.time_to_first_token)
+            decode = finished - m.first_token_time
+            self._l(self.decode_time).observe(decode)
+            generated = max(len(c.token_ids) for c in out.outputs) if out.outputs else 0
+            if generated > 1:
+                for metric in (self.tpot, self.tpot_legacy):
+                    self._l(metric).observe(decode / (generated - 1))
         if m.first_scheduled_time is not None:
             self._l(self.queue_time).observe(m.first_scheduled_time - m.arrival_time)
-        self._l(self.e2e).observe((m.finished_time or now) - m.arrival_time)
+            self._l(self.inference_time).observe(finished - m.first_scheduled_time)
+            if m.first_token_time is not None:
+                self._l(self.prefill_time).observe(m.first_token_time - m.first_scheduled_time)
+        self._l(self.e2e).observe(finished - m.arrival_time)
 
     def set_healthy(self, healthy: bool) -> None:
         self._l(self.healthy).set(1 if healthy else 0)

@@ -57,6 +57,7 @@ class RequestMetrics:
     first_scheduled_time: float | None
     first_token_time: float | None
     finished_time: float | None
+    max_tokens: int | None = None  # what the request asked for (vllm:request_max_num_generation_tokens)
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -35,7 +35,8 @@ class StructuredOutputsParams:
             try:
                 self.json = json.loads(self.json)
             except ValueError as e:
-                raise ParameterError(f"structured_outputs.json is not valid JSON: {e}", "structured_outputs.json") from None
+                raise ParameterError(f"structured_outputs.json is not valid JSON: {e}",
+                                     "structured_outputs.json") from None
 
 
 @dataclass

@@ -96,7 +96,7 @@ class RemoteLLM:
         if cache_salt:
             body["cache_salt"] = cache_salt
         headers = {**self._headers, "X-Request-Id": request_id, "X-Session-Id": session_id or request_id}
-        metrics = RequestMetrics(time.time(), None, None, None)
+        metrics = RequestMetrics(time.time(), None, None, None, params.max_tokens)
         text, ids, reason, cached = "", [], None, 0
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as client:

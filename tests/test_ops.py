@@ -83,6 +83,20 @@ def referenced_metrics() -> set[str]:
     return set(re.findall(r"\b(?:vllm|pagedchat):[a-z0-9_]+", " ".join(exprs) + adapter))
 
 
+# The series vLLM's own example Grafana dashboard (examples/online_serving/prometheus_grafana/grafana.json)
+# queries: a vLLM dashboard pointed at pagedchat finds every one.
+VLLM_REFERENCE_DASHBOARD = {
+    "vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_sum",
+    "vllm:time_per_output_token_seconds_count", "vllm:num_requests_running", "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count", "vllm:gpu_cache_usage_perc", "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket", "vllm:request_success_total", "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum",
+    "vllm:request_max_num_generation_tokens_sum"}
+
+
 def test_every_metric_the_dashboard_and_rules_use_is_exported(tiny_model):
     path, _ = tiny_model("llama")
     llm = AsyncLLM(EngineConfig(model=path, dtype="float32", num_kv_blocks=32))
@@ -93,3 +107,5 @@ def test_every_metric_the_dashboard_and_rules_use_is_exported(tiny_model):
     assert len(wanted) >= 15
     missing = sorted(m for m in wanted if m not in exported)
     assert not missing, f"used by the dashboard or rules but not exported: {missing}"
+    missing = sorted(VLLM_REFERENCE_DASHBOARD - exported)
+    assert not missing, f"queried by vLLM's reference dashboard but not exported: {missing}"

@@ -30,7 +30,18 @@ def m002_feedback_branches_trims(db: sqlite_utils.Database) -> None:
         db["messages"].add_column(name, kind)
 
 
-MIGRATIONS = [m001_initial, m002_feedback_branches_trims]
+def m003_assistants(db: sqlite_utils.Database) -> None:
+    """Assistants: operator-defined presets, one row per saved version (a chat keeps the version it
+    started with); a session names the assistant and version it talks to."""
+    db["assistant_versions"].create({"id": int, "assistant": str, "version": int, "name": str, "system_prompt": str,
+                                     "greeting": str, "sampling": str, "model": str, "created": float,
+                                     "created_by": str}, pk="id")
+    db["assistant_versions"].create_index(["assistant", "version"], unique=True)
+    db["sessions"].add_column("assistant", str)
+    db["sessions"].add_column("assistant_version", int)
+
+
+MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

@@ -70,25 +70,30 @@ class Store:
             db["users"].insert({"id": user_id, "name": name or user_id, "created": time.time()}, ignore=True)
 
     def create_session(self, user_id: str, title: str = "New chat", system_prompt: str = "",
-                       model: str = "") -> str:
+                       model: str = "", assistant: str | None = None, assistant_version: int | None = None) -> str:
         self.ensure_user(user_id)
         sid = uuid.uuid4().hex[:12]
         now = time.time()
         with self._db() as db:
             db["sessions"].insert({"id": sid, "user_id": user_id, "title": title, "system_prompt": system_prompt,
-                                   "model": model, "created": now, "updated": now})
+                                   "model": model, "created": now, "updated": now, "assistant": assistant,
+                                   "assistant_version": assistant_version})
         return sid
 
-    def sessions(self, user_id: str, search: str = "") -> list[dict]:
-        """The user's sessions, most recently updated first; `search` matches titles and messages."""
+    def sessions(self, user_id: str, search: str = "", assistant: str | None = None) -> list[dict]:
+        """The user's sessions, most recently updated first; `search` matches titles and messages;
+        `assistant`: only the chats with that assistant."""
+        where, args = "user_id = ?", [user_id]
+        if assistant is not None:
+            where, args = where + " and assistant = ?", args + [assistant]
         with self._db() as db:
             if not search:
-                return list(db["sessions"].rows_where("user_id = ?", [user_id], order_by="updated desc"))
+                return list(db["sessions"].rows_where(where, args, order_by="updated desc"))
             like = f"%{search}%"
             return list(db.query(
-                "select * from sessions where user_id = ? and (title like ? or id in "
+                f"select * from sessions where {where} and (title like ? or id in "
                 "(select session_id from messages where content like ?)) order by updated desc",
-                [user_id, like, like]))
+                [*args, like, like]))
 
     def session(self, user_id: str, session_id: str) -> dict | None:
         """A session, only if it belongs to this user."""
@@ -108,6 +113,32 @@ class Store:
             if self._owned(db, user_id, session_id):
                 db.conn.execute("delete from messages where session_id = ?", [session_id])
                 db.conn.execute("delete from sessions where id = ?", [session_id])
+
+    # ---- assistants (operators define them; ui/assistants.py checks the values) -----------------
+    def save_assistant(self, slug: str, fields: dict, by: str) -> int:
+        """A new version of assistant `slug` (its first if new); returns the version number."""
+        row = {k: fields[k] for k in ("name", "system_prompt", "greeting", "model")}
+        row["sampling"] = json.dumps(fields["sampling"])
+        with self._db() as db:
+            latest = db.execute("select max(version) from assistant_versions where assistant = ?", [slug]).fetchone()[0]
+            version = (latest or 0) + 1
+            db["assistant_versions"].insert({"assistant": slug, "version": version, "created": time.time(),
+                                             "created_by": by, **row})
+        return version
+
+    def assistant(self, slug: str, version: int | None = None) -> dict | None:
+        """One version of an assistant (the latest by default), or None."""
+        with self._db() as db:
+            rows = list(db.query("select * from assistant_versions where assistant = ? and (? is null or version = ?) "
+                                 "order by version desc limit 1", [slug, version, version]))
+        return _assistant_row(rows[0]) if rows else None
+
+    def assistants(self) -> list[dict]:
+        """The latest version of every assistant, by name."""
+        with self._db() as db:
+            rows = list(db.query("select * from assistant_versions v where version = (select max(version) from "
+                                 "assistant_versions where assistant = v.assistant) order by name"))
+        return [_assistant_row(r) for r in rows]
 
     # ---- messages -----------------------------------------------------------------------
     def add_message(self, user_id: str, session_id: str, role: str, content: str,
@@ -206,3 +237,8 @@ class Store:
     @staticmethod
     def _owned(db, user_id: str, session_id: str) -> bool:
         return bool(list(db["sessions"].rows_where("id = ? and user_id = ?", [session_id, user_id])))
+
+
+def _assistant_row(row: dict) -> dict:
+    row["sampling"] = json.loads(row["sampling"] or "{}")
+    return row

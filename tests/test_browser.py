@@ -59,6 +59,7 @@ def page(tmp_path_factory):
         ctx.close()
 
 
+@pytest.mark.slow
 def test_chat_in_a_real_browser(app_url, page):
     from playwright.sync_api import expect
 

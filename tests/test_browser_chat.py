@@ -122,6 +122,7 @@ def test_enter_sends_shift_enter_breaks_the_line_and_the_message_shows_first(pag
     assert re.search(r"\b\d\d:\d\d\b", page.locator("#chatbot [data-testid='user']").last.inner_text())  # timestamp
 
 
+@pytest.mark.slow
 def test_edit_an_earlier_message_branches_and_keeps_turn_0_cached(page, app_url):
     from playwright.sync_api import expect
 

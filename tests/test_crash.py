@@ -24,6 +24,7 @@ def rows(db: str, sql: str) -> list[tuple]:
         return conn.execute(sql).fetchall()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_reply_keeps_it_and_the_chat_goes_on(tiny_chat_model, tmp_path):
     db = str(tmp_path / "chat.db")
     proc, url = start_app(tiny_chat_model, db)

@@ -45,6 +45,7 @@ def test_batch_of_16_with_prefix_cache_equals_one_at_a_time(smol32, prompts, ref
     dict(max_num_batched_tokens=24),  # every prompt prefilled in chunks, mixed with decodes
     dict(num_kv_blocks=40, max_model_len=640),  # 16 sequences of ~170 tokens cannot all fit
 ], ids=["no-prefix-cache", "block-32", "chunked-prefill", "preemption"])
+@pytest.mark.slow
 def test_greedy_identical_under_engine_options(options, prompts, reference):
     llm = LLM(dtype="float32", quantization="none", **{"num_kv_blocks": 1024, **options})  # as smol32
     outs = llm.generate(prompts, GREEDY)

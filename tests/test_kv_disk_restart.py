@@ -27,6 +27,7 @@ def ask(url: str, messages: list[dict]):
     return client.chat.completions.create(model=model, messages=messages, max_tokens=24, temperature=0)
 
 
+@pytest.mark.slow
 def test_kill_9_then_restart_reads_the_conversation_back(tiny_chat_model, tmp_path):
     kv = str(tmp_path / "kv")
     messages = [{"role": "system", "content": "You are the support desk of a parcel company. " * 8}]

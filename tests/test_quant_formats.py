@@ -191,6 +191,7 @@ def test_gptq_of_linears_stacked_on_one_input_equals_each_alone(desc_act):
         assert torch.allclose(stacked[1][:, rows], scales) and torch.equal(stacked[2][:, rows], zeros)
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_our_gptq_on_smollm2_keeps_quality(tmp_path):
     """NLL on a passage that is not the calibration text: GPTQ within 10% of bf16, int8 within 1%."""

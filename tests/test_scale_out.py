@@ -29,6 +29,7 @@ def engine_pod(tiny_model):
         yield server
 
 
+@pytest.mark.slow
 def test_ui_tier_chats_through_the_engine_pod(engine_pod, tmp_path):
     db = str(tmp_path / "ui.db")
     app, llm = build_app(parse_args(["--db", db, "--model", engine_pod.model_path,
@@ -50,6 +51,7 @@ def test_ui_tier_chats_through_the_engine_pod(engine_pod, tmp_path):
         assert store.messages("login:carol", sid)[-1]["cached_tokens"] >= 16
 
 
+@pytest.mark.slow
 def test_api_keys_guard_the_pages_own_api_too(engine_pod, tmp_path):
     """With keys and no logins, the chat page asks for a login (the key's name and the key): its
     Gradio endpoints reach the engine, so they are guarded like /v1."""

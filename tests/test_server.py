@@ -74,6 +74,7 @@ def test_completions_and_models(client, smol32):
     assert models[0].model_extra["max_model_len"] == 2048
 
 
+@pytest.mark.slow
 def test_sixteen_concurrent_streams_equal_sequential_replies(client):
     def ask(i, stream):
         messages = [{"role": "user", "content": f"Customer {i} asks: where is order NW{20480000 + i}?"}]

@@ -122,6 +122,7 @@ def test_only_an_operator_resets_the_prefix_cache(ui):
     assert cached() == 0
 
 
+@pytest.mark.slow
 def test_operator_quantizes_with_our_gptq_and_switches(ui, tmp_path, monkeypatch):
     monkeypatch.setenv("PAGEDCHAT_CACHE", str(tmp_path))
     alice = client(ui, "alice")

@@ -1,0 +1,67 @@
+"""Assistants: what an operator defines for a deployment (name, system prompt, greeting, sampling,
+model), stored as versions in SQLite (storage/store.py). A chat keeps the version it started with;
+an edit applies to new chats. Customers pick none of it: an assistant is served at
+/chat/<slug>, and its prompt and sampling never reach a customer's browser."""
+from __future__ import annotations
+
+import re
+
+from engine.errors import ParameterError
+from engine.sampling_params import SamplingParams
+from ui.simulate import CUSTOMER_SERVICE_PROMPT
+
+DEFAULT_SLUG = "support"
+SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
+MAX_PROMPT_CHARS, MAX_GREETING_CHARS, MAX_NAME_CHARS = 20_000, 2_000, 80
+# The chat's own sampling default beside the model's: with SmolLM2's card values alone (temperature
+# 0.2, top-p 0.9) 5 of 6 second replies looped, a sentence repeated 12-36 times; with 1.1, none did.
+CHAT_REPETITION_PENALTY = 1.1
+SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "repetition_penalty")
+
+DEFAULT = {"name": "Sam, Northwind Outfitters support", "system_prompt": CUSTOMER_SERVICE_PROMPT,
+           "greeting": "Hi, I'm Sam from Northwind Outfitters. How can I help you today?",
+           "sampling": {"max_tokens": 256, "repetition_penalty": CHAT_REPETITION_PENALTY}, "model": ""}
+
+
+def check(slug: str, fields: dict) -> dict:
+    """An assistant's fields, cleaned; ParameterError naming the field that is wrong. Sampling keys
+    left out take the model's defaults at each turn."""
+    if not isinstance(slug, str) or not SLUG.fullmatch(slug):
+        raise ParameterError("the assistant's address must be 1-40 lowercase letters, digits or dashes "
+                             f"(it becomes /chat/<address>), got {slug!r}", "slug")
+    name = str(fields.get("name") or "").strip()
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise ParameterError(f"the name must be 1-{MAX_NAME_CHARS} characters", "name")
+    prompt = str(fields.get("system_prompt") or "")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise ParameterError(f"the system prompt is {len(prompt)} characters; at most {MAX_PROMPT_CHARS}",
+                             "system_prompt")
+    greeting = str(fields.get("greeting") or "")
+    if len(greeting) > MAX_GREETING_CHARS:
+        raise ParameterError(f"the greeting is {len(greeting)} characters; at most {MAX_GREETING_CHARS}", "greeting")
+    sampling = {k: v for k, v in (fields.get("sampling") or {}).items() if v is not None}
+    unknown = set(sampling) - set(SAMPLING_KEYS)
+    if unknown:
+        raise ParameterError(f"unknown sampling settings {sorted(unknown)}; known: {SAMPLING_KEYS}", "sampling")
+    if "max_tokens" in sampling:
+        sampling["max_tokens"] = int(sampling["max_tokens"])
+    SamplingParams(**sampling)  # ParameterError naming the bad value
+    return {"name": name, "system_prompt": prompt, "greeting": greeting, "sampling": sampling,
+            "model": str(fields.get("model") or "")}
+
+
+def save(store, slug: str, fields: dict, by: str) -> int:
+    """Check and store a new version; returns its number."""
+    return store.save_assistant(slug, check(slug, fields), by)
+
+
+def ensure_default(store) -> None:
+    """A new database gets the shipped assistant, so /chat/support answers from the first start."""
+    if not store.assistants():
+        save(store, DEFAULT_SLUG, DEFAULT, "pagedchat")
+
+
+def sampling_for(info, assistant: dict) -> SamplingParams:
+    """The assistant's sampling over the model's own defaults (engine.client.ModelInfo)."""
+    values = {"repetition_penalty": CHAT_REPETITION_PENALTY, "max_tokens": 256, **assistant["sampling"]}
+    return info.default_sampling(**values)

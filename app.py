@@ -1,6 +1,10 @@
-"""pagedchat: the browser chat (Gradio, at /) and the OpenAI-compatible API (at /v1), one process,
-one port. The composition root: flags -> EngineConfig -> an EngineClient (the engine in this
-process, or remote engine pods with --engine-url) -> the API routes and the UI -> uvicorn.
+"""pagedchat: the browser chat (Gradio) and the OpenAI-compatible API (at /v1), one process, one
+port. The composition root: flags -> EngineConfig -> an EngineClient (the engine in this process,
+or remote engine pods with --engine-url) -> the API routes and the pages -> uvicorn.
+
+Pages: the customer chat of each assistant at /chat/<assistant> (/ leads to the default one), the
+operator console at /console; with --demo, / is the demo page instead (the live engine panel for
+everyone, a chat's own system prompt and sampling).
 
     python app.py                              # http://127.0.0.1:7860
     python -m server.auth add-user logins.txt alice     # asks for alice's password, stores its hash
@@ -42,6 +46,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "signal; costs the shared system prompt's reuse); 'shared' (default): all users share")
     p.add_argument("--models", action="append", default=[], metavar="PATH",
                    help="extra models (folders or .gguf files) offered in the UI's model switcher")
+    p.add_argument("--demo", action="store_true",
+                   help="serve the demo page at /: every visitor sees the live engine panel and may set a chat's own "
+                        "system prompt and sampling (for demos and for watching paging and batching); without it, "
+                        "/ leads to the customer chat, which shows neither")
+    p.add_argument("--frame-ancestors", nargs="*", default=[], metavar="ORIGIN",
+                   help="sites that may embed the chat in an iframe (e.g. https://shop.example); default: none")
     p.add_argument("--engine-url", default=None, metavar="URL",
                    help="UI tier only: use the OpenAI API of engine pods at URL (e.g. http://engine:8000/v1) "
                         "instead of an engine in this process (--model names the same model, for its tokenizer)")
@@ -73,8 +83,13 @@ def build_app(args: argparse.Namespace):
     """FastAPI with the API routes first, then the Gradio UI mounted at / (routes added first win)."""
     import gradio as gr
 
+    from fastapi.responses import RedirectResponse
+
+    from server.middleware import FrameAncestorsMiddleware, KnownAssistantsMiddleware
     from server.routes import create_app
-    from ui.layout import build_ui
+    from ui import assistants
+    from ui.console import build_console
+    from ui.layout import build_customer_ui, build_ui
 
     store = Store(args.db)
     cut = store.mark_interrupted()
@@ -88,11 +103,23 @@ def build_app(args: argparse.Namespace):
                      log_text=args.log_message_text, max_request_bytes=args.max_request_bytes)
     visitors = None if credentials.required else VisitorCookie(visitor_secret(args, store))
     if visitors is not None:
-        api.add_middleware(VisitorCookieMiddleware, cookie=visitors)
-    demo = build_ui(client, store, models=model_choices(config, args.models), quantization=config.quantization,
-                    credentials=credentials, limiter=limiter, visitors=visitors,
-                    salt_by_user=args.cache_isolation == "user")
-    app = gr.mount_gradio_app(api, demo, path="/", auth=login(credentials), footer_links=[], run_history=False)
+        api.add_middleware(VisitorCookieMiddleware, cookie=visitors, embedded=bool(args.frame_ancestors))
+    assistants.ensure_default(store)
+    api.add_middleware(KnownAssistantsMiddleware, known=lambda slug: store.assistant(slug) is not None,
+                       default=assistants.DEFAULT_SLUG)
+    api.add_middleware(FrameAncestorsMiddleware, origins=args.frame_ancestors)
+    models, salted = model_choices(config, args.models), args.cache_isolation == "user"
+    mount = dict(auth=login(credentials), footer_links=[], run_history=False)
+    customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted)
+    app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", **mount)
+    console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials)
+    app = gr.mount_gradio_app(app, console, path="/console", **mount)
+    if args.demo:
+        demo = build_ui(client, store, models=models, quantization=config.quantization, credentials=credentials,
+                        limiter=limiter, visitors=visitors, salt_by_user=salted)
+        app = gr.mount_gradio_app(app, demo, path="/", **mount)
+    else:
+        app.add_api_route("/", lambda: RedirectResponse(f"/chat/{assistants.DEFAULT_SLUG}/"), include_in_schema=False)
     return app, client
 
 

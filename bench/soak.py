@@ -114,18 +114,18 @@ def ui_chat(i: int, url: str, password: str, deadline: float, tally: Tally) -> N
     from gradio_client import Client
 
     try:
-        client = Client(url, auth=(f"user{i}", password), verbose=False)
+        client = Client(f"{url}/chat/support/", auth=(f"user{i}", password), verbose=False)  # the customer chat
     except Exception as e:  # noqa: BLE001
         tally.error(f"ui login {i}: {e}")
         return
     session = 0
     while time.monotonic() < deadline:
-        client.predict("", api_name="/new_chat")
+        client.predict(api_name="/new_chat")
         for text in user_turns(50_000 + i * 1000 + session, 3):
             if time.monotonic() >= deadline:
                 return
             try:
-                chat, box = client.predict(text, 0.7, 0.95, 64, api_name="/send")
+                chat, box = client.predict(text, api_name="/send")  # the assistant's own sampling
                 if box or not chat or chat[-1]["role"] != "assistant":
                     raise RuntimeError(f"the turn came back unsent: {box!r}")
                 tally.good += 1

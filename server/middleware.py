@@ -1,7 +1,8 @@
-"""ASGI middleware: X-Request-Id, a request-size limit applied before parsing (the API), and the
-visitor cookie (the chat page)."""
+"""ASGI middleware: X-Request-Id, a request-size limit applied before parsing (the API), the
+visitor cookie (the chat page), who may frame the pages, and unknown assistants' addresses."""
 from __future__ import annotations
 
+import html
 import json
 from http.cookies import SimpleCookie
 
@@ -78,8 +79,10 @@ class VisitorCookieMiddleware:
     """Gives every browser without a valid visitor cookie a new one: set on the response (HttpOnly,
     SameSite=Lax) and put into this request's own headers, so its first request already has it."""
 
-    def __init__(self, app, cookie: VisitorCookie, secure: bool = False) -> None:
-        self.app, self.cookie, self.secure = app, cookie, secure
+    def __init__(self, app, cookie: VisitorCookie, secure: bool = False, embedded: bool = False) -> None:
+        """embedded: the chat is framed by other sites (--frame-ancestors), whose frames send only
+        SameSite=None cookies, and browsers take those only when Secure (HTTPS, or localhost)."""
+        self.app, self.cookie, self.secure, self.embedded = app, cookie, secure or embedded, embedded
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"].startswith((*API_PATHS, "/health", "/metrics")):
@@ -97,7 +100,8 @@ class VisitorCookieMiddleware:
         headers = [(k, v) for k, v in scope["headers"] if k != b"cookie"]
         others = "; ".join(f"{k}={m.value}" for k, m in jar.items() if k != VISITOR_COOKIE)
         headers.append((b"cookie", f"{others + '; ' if others else ''}{VISITOR_COOKIE}={value}".encode()))
-        set_cookie = (f"{VISITOR_COOKIE}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age=31536000"
+        set_cookie = (f"{VISITOR_COOKIE}={value}; Path=/; HttpOnly; SameSite={'None' if self.embedded else 'Lax'}; "
+                      f"Max-Age=31536000"
                       f"{'; Secure' if self.secure else ''}").encode()
 
         async def send_with_cookie(message):
@@ -106,3 +110,46 @@ class VisitorCookieMiddleware:
             await send(message)
 
         await self.app({**scope, "headers": headers}, receive, send_with_cookie)
+
+
+class FrameAncestorsMiddleware:
+    """Who may show these pages in a frame: the `--frame-ancestors` origins, else nobody
+    (Content-Security-Policy frame-ancestors, and X-Frame-Options DENY for older browsers)."""
+
+    def __init__(self, app, origins: list[str]) -> None:
+        self.app = app
+        policy = f"frame-ancestors {' '.join(origins) if origins else chr(39) + 'none' + chr(39)}"
+        self.headers = [(b"content-security-policy", policy.encode())]
+        if not origins:
+            self.headers.append((b"x-frame-options", b"DENY"))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_policy(message):
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *self.headers]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_policy)
+
+
+class KnownAssistantsMiddleware:
+    """/chat/<assistant>/... for an assistant that does not exist: a 404 page that says so (and
+    where the shop's chat is), before Gradio serves an empty page."""
+
+    def __init__(self, app, known, default: str) -> None:
+        self.app, self.known, self.default = app, known, default
+
+    async def __call__(self, scope, receive, send):
+        parts = scope["path"].split("/", 3) if scope["type"] == "http" else []
+        if len(parts) < 3 or parts[1] != "chat" or not parts[2] or self.known(parts[2]):
+            return await self.app(scope, receive, send)
+        body = (f"<!doctype html><meta charset=utf-8><title>No such chat</title><p>There is no assistant at "
+                f"<code>/chat/{html.escape(parts[2])}</code>. <a href=\"/chat/{self.default}/\">Go to the chat</a>."
+                ).encode()
+        await send({"type": "http.response.start", "status": 404,
+                    "headers": [(b"content-type", b"text/html; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

@@ -17,7 +17,7 @@ from server.limits import UserLimiter
 from server.logs import log_request
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
-                             TokenizeRequest, error_body, new_id, now, usage)
+                             TokenizeRequest, new_id, now, usage)
 from server.logprobs import CompletionLogprobs, chat_logprobs
 from server.streaming import chat_events, collect, completion_events, finish_reason, sse, started
 

@@ -218,9 +218,11 @@ class Store:
                         "order by id", [row["session_id"], row["id"]])]
         return rows
 
-    def import_session(self, user_id: str, title: str, system_prompt: str, messages: list[dict]) -> str:
+    def import_session(self, user_id: str, title: str, system_prompt: str, messages: list[dict],
+                       assistant: str | None = None, assistant_version: int | None = None) -> str:
         """A new session holding `messages` (role, content, and optionally created, model, token_ids)."""
-        sid = self.create_session(user_id, title, system_prompt, messages[-1].get("model") or "")
+        sid = self.create_session(user_id, title, system_prompt, messages[-1].get("model") or "", assistant,
+                                  assistant_version)
         for m in messages:
             self.add_message(user_id, sid, m["role"], m["content"], m.get("token_ids") or [],
                              model=m.get("model") or "", created=m.get("created") or time.time())

@@ -19,7 +19,7 @@ SCREENSHOT_DIR = os.environ.get("PAGEDCHAT_SCREENSHOTS", "test-artifacts")
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("browser")
     db = str(folder / "chat.db")
-    app, llm = build_app(parse_args(["--db", db, "--num-kv-blocks", "512", "--max-model-len", "2048",
+    app, llm = build_app(parse_args(["--demo", "--db", db, "--num-kv-blocks", "512", "--max-model-len", "2048",
                                      "--kv-disk", str(folder / "kv")]))
     with LiveServer(llm, app) as server:
         server.db = db

@@ -20,7 +20,7 @@ def app_url(tmp_path_factory, tiny_chat_model):
     path = tiny_chat_model
     folder = tmp_path_factory.mktemp("browser-chat")
     db = str(folder / "chat.db")
-    args = parse_args(["--db", db, "--model", path, "--dtype", "float32", "--num-kv-blocks", "512",
+    args = parse_args(["--demo", "--db", db, "--model", path, "--dtype", "float32", "--num-kv-blocks", "512",
                        "--auth-file", logins_file(folder, alice="pw-a", bob="pw-b"), "--admin", "alice"])
     app, llm = build_app(args)
     with LiveServer(llm, app) as server:

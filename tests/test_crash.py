@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 
 def start_app(model: str, db: str) -> tuple[subprocess.Popen, str]:
-    return start_process(["app.py", "--model", model, "--dtype", "float32", "--num-kv-blocks", "512", "--db", db,
+    return start_process(["app.py", "--demo", "--model", model, "--dtype", "float32", "--num-kv-blocks", "512", "--db", db,
                           "--auth-file", logins_file(os.path.dirname(db), alice="pw-a")])
 
 

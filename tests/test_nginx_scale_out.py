@@ -85,7 +85,7 @@ def cluster(tiny_chat_model, tmp_path_factory):
         proxy = f"http://127.0.0.1:{ports[2]}"
         wait_for(lambda: healthy(proxy), 30, "nginx")
         db = str(folder / "ui.db")
-        app, client = build_app(parse_args(["--db", db, "--model", tiny_chat_model, "--engine-url", f"{proxy}/v1",
+        app, client = build_app(parse_args(["--demo", "--db", db, "--model", tiny_chat_model, "--engine-url", f"{proxy}/v1",
                                             "--auth-file", logins_file(folder, carol="pw-c")]))
         with LiveServer(client, app) as ui:
             ui.store, ui.engines = Store(db), engines

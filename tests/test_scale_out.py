@@ -32,7 +32,7 @@ def engine_pod(tiny_model):
 @pytest.mark.slow
 def test_ui_tier_chats_through_the_engine_pod(engine_pod, tmp_path):
     db = str(tmp_path / "ui.db")
-    app, llm = build_app(parse_args(["--db", db, "--model", engine_pod.model_path,
+    app, llm = build_app(parse_args(["--demo", "--db", db, "--model", engine_pod.model_path,
                                      "--engine-url", f"{engine_pod.url}/v1",
                                      "--auth-file", logins_file(tmp_path, carol="pw-c")]))
     with LiveServer(llm, app) as ui:
@@ -57,7 +57,7 @@ def test_api_keys_guard_the_pages_own_api_too(engine_pod, tmp_path):
     Gradio endpoints reach the engine, so they are guarded like /v1."""
     keys = tmp_path / "keys.txt"
     keys.write_text("shop:sk-shop-123456\n")
-    app, llm = build_app(parse_args(["--db", str(tmp_path / "ui.db"), "--model", engine_pod.model_path,
+    app, llm = build_app(parse_args(["--demo", "--db", str(tmp_path / "ui.db"), "--model", engine_pod.model_path,
                                      "--engine-url", f"{engine_pod.url}/v1", "--api-key-file", str(keys)]))
     with LiveServer(llm, app) as ui:
         with pytest.raises(AuthenticationError):
@@ -96,7 +96,7 @@ def test_ui_tier_starts_without_torch(engine_pod, tmp_path):
         "import sys\n"
         "sys.modules['torch'] = None  # as if torch were not installed\n"
         "from app import build_app, parse_args\n"
-        f"app, client = build_app(parse_args(['--db', {str(tmp_path / 'ui.db')!r}, '--model', "
+        f"app, client = build_app(parse_args(['--demo', '--db', {str(tmp_path / 'ui.db')!r}, '--model', "
         f"{engine_pod.model_path!r}, '--engine-url', {engine_pod.url + '/v1'!r}]))\n"
         "assert client.wait_ready(120), client.error\n"
         "print('serving', client.info.name, client.info.max_model_len)\n")

@@ -15,7 +15,7 @@ def ui(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ui")
     db = str(folder / "chat.db")
     (folder / "broken.gguf").write_bytes(b"GGUF but not really")
-    args = parse_args(["--db", db, "--auth-file", logins_file(folder, alice="pw-a", bob="pw-b"), "--admin", "alice",
+    args = parse_args(["--demo", "--db", db, "--auth-file", logins_file(folder, alice="pw-a", bob="pw-b"), "--admin", "alice",
                        "--dtype", "float32", "--num-kv-blocks", "512", "--max-model-len", "2048",
                        "--models", str(folder / "broken.gguf")])
     app, llm = build_app(args)

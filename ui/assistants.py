@@ -16,7 +16,8 @@ MAX_PROMPT_CHARS, MAX_GREETING_CHARS, MAX_NAME_CHARS = 20_000, 2_000, 80
 # The chat's own sampling default beside the model's: with SmolLM2's card values alone (temperature
 # 0.2, top-p 0.9) 5 of 6 second replies looped, a sentence repeated 12-36 times; with 1.1, none did.
 CHAT_REPETITION_PENALTY = 1.1
-SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "repetition_penalty")
+SAMPLING_RANGES = {"temperature": (0, 2), "top_p": (0.01, 1), "max_tokens": (1, 4096), "repetition_penalty": (1, 2)}
+SAMPLING_KEYS = tuple(SAMPLING_RANGES)
 
 DEFAULT = {"name": "Sam, Northwind Outfitters support", "system_prompt": CUSTOMER_SERVICE_PROMPT,
            "greeting": "Hi, I'm Sam from Northwind Outfitters. How can I help you today?",
@@ -43,9 +44,13 @@ def check(slug: str, fields: dict) -> dict:
     unknown = set(sampling) - set(SAMPLING_KEYS)
     if unknown:
         raise ParameterError(f"unknown sampling settings {sorted(unknown)}; known: {SAMPLING_KEYS}", "sampling")
+    for key, value in sampling.items():
+        low, high = SAMPLING_RANGES[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+            raise ParameterError(f"{key} must be a number in [{low}, {high}], got {value!r}", key)
     if "max_tokens" in sampling:
         sampling["max_tokens"] = int(sampling["max_tokens"])
-    SamplingParams(**sampling)  # ParameterError naming the bad value
+    SamplingParams(**sampling)  # what the engine would refuse besides
     return {"name": name, "system_prompt": prompt, "greeting": greeting, "sampling": sampling,
             "model": str(fields.get("model") or "")}
 

@@ -1,6 +1,11 @@
 """What the chat page's events do: identity, sessions, chat turns. One ChatHandlers object holds
 the engine client and the store; its methods are the Gradio event functions (wired in layout.py)
-and run as well against a fake EngineClient in tests."""
+and run as well against a fake EngineClient in tests.
+
+Two faces (`demo`): the customer chat (demo=False), where a chat talks to the assistant its page is
+served for (/chat/<assistant>) with that assistant's prompt and sampling, neither of which is ever
+returned to the browser or taken from it; and the demo page (demo=True), where each chat's system
+prompt and the sampling sliders are the visitor's."""
 from __future__ import annotations
 
 import contextlib
@@ -10,22 +15,24 @@ import gradio as gr
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import TooManyRequestsError, UserLimiter
-from ui import transfer
+from ui import assistants, transfer
+from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import TYPING, ChatService, ReplyCut, display, feedback_values, plain_text
-from ui.simulate import CUSTOMER_SERVICE_PROMPT
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError)  # shown as a warning
-# The chat's own sampling default beside the model's: with SmolLM2's card values alone (temperature
-# 0.2, top-p 0.9) 5 of 6 second replies looped, a sentence repeated 12-36 times; with 1.1, none did.
-CHAT_REPETITION_PENALTY = 1.1
+
+
 class ChatHandlers:
     def __init__(self, client: EngineClient, store, visitors: VisitorCookie | None = None,
-                 limiter: UserLimiter | None = None, salt_by_user: bool = False) -> None:
-        """visitors: checks the signed visitor cookie (None when everyone logs in)."""
+                 limiter: UserLimiter | None = None, salt_by_user: bool = False, demo: bool = True) -> None:
+        """visitors: checks the signed visitor cookie (None when everyone logs in). demo: the demo
+        page's handlers (a chat's own system prompt and sliders) rather than the customer chat's."""
         self.client = client
         self.store = store
         self.visitors = visitors
+        self.demo = demo
         self.service = ChatService(client, store, limiter, salt_by_user)
+        assistants.ensure_default(store)
 
     # ---- identity -----------------------------------------------------------------------
     def who(self, known: str | None, request: gr.Request) -> str:
@@ -40,49 +47,81 @@ class ChatHandlers:
             return f"visitor:{visitor}"
         return known or f"tab:{request.session_hash}"
 
+    def assistant_slug(self, request: gr.Request | None) -> str | None:
+        """The assistant this page serves (/chat/<assistant>), None on the demo page."""
+        http = getattr(request, "request", None)
+        return (getattr(http, "path_params", None) or {}).get("assistant") or getattr(request, "assistant", None)
+
+    def assistant(self, request: gr.Request | None) -> dict:
+        """The latest version of this page's assistant (the default one on the demo page)."""
+        found = self.store.assistant(self.assistant_slug(request) or assistants.DEFAULT_SLUG)
+        if found is None:
+            raise gr.Error(f"There is no assistant at /chat/{self.assistant_slug(request)}.")
+        return found
+
+    def _owned_here(self, uid: str, sid: str | None, request: gr.Request) -> bool:
+        """Whether `sid` is this user's and belongs on this page (its assistant's, in the customer chat)."""
+        session = self.store.session(uid, sid) if sid else None
+        return session is not None and (self.demo or session["assistant"] == self.assistant_slug(request))
+
     def current(self, uid: str | None, sid: str | None, request: gr.Request) -> tuple[str, str]:
-        """The user and a session of theirs: the given one if it is theirs, else their newest (or a new one)."""
+        """The user and a session of theirs: the given one if it is theirs (and, in the customer chat,
+        this assistant's), else their newest there (or a new one)."""
         uid = self.who(uid, request)
-        if not sid or self.store.session(uid, sid) is None:
-            existing = self.store.sessions(uid)
-            sid = existing[0]["id"] if existing else self._new_session(uid, CUSTOMER_SERVICE_PROMPT)
+        if not self._owned_here(uid, sid, request):
+            existing = self.store.sessions(uid, assistant=None if self.demo else self.assistant_slug(request))
+            sid = existing[0]["id"] if existing else self._new_session(uid, request)
         return uid, sid
 
-    def _new_session(self, uid: str, system_prompt: str) -> str:
+    def _new_session(self, uid: str, request: gr.Request, system_prompt: str | None = None) -> str:
+        """A chat with this page's assistant at its latest version; on the demo page `system_prompt`
+        (the visitor's) replaces the assistant's."""
         model = self.client.info.name if self.client.info else ""
-        return self.store.create_session(uid, system_prompt=system_prompt, model=model)
+        a = self.assistant(request)
+        prompt = system_prompt if self.demo and system_prompt else a["system_prompt"]
+        return self.store.create_session(uid, system_prompt=prompt, model=model, assistant=a["assistant"],
+                                         assistant_version=a["version"])
 
-    def session_choices(self, uid: str, query: str = "") -> list[tuple[str, str]]:
-        return [(s["title"] or "Untitled", s["id"]) for s in self.store.sessions(uid, query)]
+    def session_choices(self, uid: str, request: gr.Request | None = None, query: str = "") -> list[tuple[str, str]]:
+        here = None if self.demo else self.assistant_slug(request)
+        return [(s["title"] or "Untitled", s["id"]) for s in self.store.sessions(uid, query, assistant=here)]
+
+    def _system(self, session: dict) -> tuple:
+        """The system prompt as a page output: the demo page shows it; the customer chat has no such output."""
+        return (session["system_prompt"],) if self.demo else ()
 
     # ---- sessions -----------------------------------------------------------------------
     def init(self, request: gr.Request):
+        """On load: (user, sessions, session, chatbot, [system prompt,] title)."""
         uid, sid = self.current(None, None, request)
-        s = self.store.session(uid, sid)
-        return (uid, gr.update(choices=self.session_choices(uid), value=sid), sid,
-                display(self.store.messages(uid, sid)), s["system_prompt"], s["title"])
+        return (uid, *self.show_session(uid, sid, request))
+
+    def greeting(self, request: gr.Request):
+        """On load, the customer chat: the assistant's greeting where the chat is empty, and its name."""
+        a = self.assistant(request)
+        return gr.update(placeholder=a["greeting"] or None), f"**{a['name']}**"
 
     def open_session(self, uid, sid, request: gr.Request):
         uid = self.who(uid, request)
-        s = self.store.session(uid, sid) if sid else None
-        if s is None:
-            return gr.update(), gr.update(), gr.update(), gr.update()
-        return sid, display(self.store.messages(uid, sid)), s["system_prompt"], s["title"]
+        if not self._owned_here(uid, sid, request):
+            return (gr.update(),) * (4 if self.demo else 3)
+        s = self.store.session(uid, sid)
+        return (sid, display(self.store.messages(uid, sid)), *self._system(s), s["title"])
 
-    def new_chat(self, uid, system_text, request: gr.Request):
+    def new_chat(self, uid, system_text=None, request: gr.Request = None):
         uid = self.who(uid, request)
-        sid = self._new_session(uid, system_text or CUSTOMER_SERVICE_PROMPT)
-        return gr.update(choices=self.session_choices(uid), value=sid), sid, [], "New chat"
+        sid = self._new_session(uid, request, system_text)
+        return gr.update(choices=self.session_choices(uid, request), value=sid), sid, [], "New chat"
 
     def rename(self, uid, sid, text, request: gr.Request):
         uid, sid = self.current(uid, sid, request)
         self.store.update_session(uid, sid, title=(text or "Untitled")[:80])
-        return gr.update(choices=self.session_choices(uid), value=sid)
+        return gr.update(choices=self.session_choices(uid, request), value=sid)
 
     def delete(self, uid, sid, request: gr.Request):
         uid, sid = self.current(uid, sid, request)
         self.store.delete_session(uid, sid)
-        return self.show_session(*self.current(uid, None, request))
+        return self.show_session(*self.current(uid, None, request), request)
 
     def marks(self, uid, sid, request: gr.Request):
         """The chatbot's thumbs as stored (chained after every event that shows messages, so API
@@ -90,16 +129,18 @@ class ChatHandlers:
         uid, sid = self.current(uid, sid, request)
         return gr.update(feedback_value=feedback_values(self.store.messages(uid, sid)))
 
-    def show_session(self, uid: str, sid: str) -> tuple:
-        """(sessions list, session, chatbot, system prompt, title) showing one of the user's sessions."""
+    def show_session(self, uid: str, sid: str, request: gr.Request | None = None) -> tuple:
+        """(sessions list, session, chatbot, [system prompt,] title) showing one of the user's sessions."""
         s = self.store.session(uid, sid)
-        return (gr.update(choices=self.session_choices(uid), value=sid), sid, display(self.store.messages(uid, sid)),
-                s["system_prompt"], s["title"])
+        return (gr.update(choices=self.session_choices(uid, request), value=sid), sid,
+                display(self.store.messages(uid, sid)), *self._system(s), s["title"])
 
     def find(self, uid, query, request: gr.Request):
-        return gr.update(choices=self.session_choices(self.who(uid, request), query))
+        return gr.update(choices=self.session_choices(self.who(uid, request), request, query))
 
     def save_system(self, uid, sid, text, request: gr.Request):
+        if not self.demo:
+            raise gr.Error("The assistant's instructions are set by the shop's operators.")
         uid, sid = self.current(uid, sid, request)
         self.store.update_session(uid, sid, system_prompt=text)
         gr.Info("System prompt saved for this chat.")
@@ -107,14 +148,15 @@ class ChatHandlers:
     def refresh(self, uid, sid, request: gr.Request):
         """After a turn: the sessions list and title (the first message names a new chat)."""
         uid, sid = self.current(uid, sid, request)
-        return gr.update(choices=self.session_choices(uid), value=sid), sid, self.store.session(uid, sid)["title"]
+        return (gr.update(choices=self.session_choices(uid, request), value=sid), sid,
+                self.store.session(uid, sid)["title"])
 
     def delete_all(self, uid, request: gr.Request):
         """After the user confirmed: every chat of theirs goes; they get a fresh one."""
         uid = self.who(uid, request)
         gone = self.store.delete_all_sessions(uid)
         gr.Info(f"Deleted {gone} chat(s).")
-        return (*self.show_session(*self.current(uid, None, request)), gr.update(visible=False))
+        return (*self.show_session(*self.current(uid, None, request), request), gr.update(visible=False))
 
     # ---- sampling -----------------------------------------------------------------------
     def sampling_defaults(self):
@@ -131,13 +173,19 @@ class ChatHandlers:
         return temperature, top_p, penalty, note
 
     # ---- chat turns ---------------------------------------------------------------------
-    def _params(self, temperature, top_p, max_new, penalty):
-        """The sliders' values over the model's own defaults; refused while no model is loaded."""
+    def _params(self, uid: str, sid: str, sliders: tuple):
+        """The demo page: the sliders' values over the model's own defaults. The customer chat: the
+        sampling of the assistant version the chat started with. Refused while no model is loaded."""
         info = self.client.info
         if info is None:
             raise EngineDeadError(self.client.error or "the model is still loading")
+        if not self.demo:
+            session = self.store.session(uid, sid)
+            a = self.store.assistant(session["assistant"], session["assistant_version"])
+            return assistants.sampling_for(info, a)
+        temperature, top_p, max_new, penalty = sliders
         return info.default_sampling(temperature=temperature, top_p=top_p, max_tokens=int(max_new),
-                                     repetition_penalty=penalty)
+                                     repetition_penalty=CHAT_REPETITION_PENALTY if penalty is None else penalty)
 
     @staticmethod
     def stage(text, history):
@@ -147,15 +195,16 @@ class ChatHandlers:
             return gr.update(), gr.update(), ""
         return "", list(history or []) + [{"role": "user", "content": text}, TYPING], text
 
-    async def send(self, uid, sid, text, temp, p, max_new, penalty=CHAT_REPETITION_PENALTY,
-                   request: gr.Request = None):
+    async def send(self, uid, sid, text, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
+        """A turn. The sliders (temp .. penalty) are the demo page's inputs; the customer chat has none."""
         uid, sid = self.current(uid, sid, request)
         raw, text = text, (text or "").strip()
         if not text:
             yield gr.update(), gr.update()
             return
         try:
-            turn = self.service.turn(uid, sid, text, self._params(temp, p, max_new, penalty), request.session_hash)
+            params = self._params(uid, sid, (temp, p, max_new, penalty))
+            turn = self.service.turn(uid, sid, text, params, request.session_hash)
             async with contextlib.aclosing(turn):
                 async for messages, _ in turn:
                     yield messages, ""
@@ -164,15 +213,14 @@ class ChatHandlers:
             sent = isinstance(e, ReplyCut)  # else unsent: the message goes back into the box, as typed
             yield display(self.store.messages(uid, sid)), "" if sent else raw
 
-    async def regenerate(self, uid, sid, temp, p, max_new, penalty=CHAT_REPETITION_PENALTY,
-                         request: gr.Request = None):
+    async def regenerate(self, uid, sid, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
         uid, sid = self.current(uid, sid, request)
         history = self.store.messages(uid, sid)
         if history and history[-1]["role"] == "assistant":
             self.store.delete_messages_from(uid, sid, history[-1]["id"])
         try:
-            turn = self.service.turn(uid, sid, "", self._params(temp, p, max_new, penalty), request.session_hash,
-                                     regenerate=True)
+            params = self._params(uid, sid, (temp, p, max_new, penalty))
+            turn = self.service.turn(uid, sid, "", params, request.session_hash, regenerate=True)
             async with contextlib.aclosing(turn):
                 async for messages, _ in turn:
                     yield messages
@@ -180,7 +228,8 @@ class ChatHandlers:
             gr.Warning(str(e))
             yield display(self.store.messages(uid, sid))
 
-    async def edit_from_here(self, uid, sid, temp, p, max_new, penalty, data: gr.EditData, request: gr.Request):
+    async def edit_from_here(self, uid, sid, temp=None, p=None, max_new=None, penalty=None,
+                             data: gr.EditData = None, request: gr.Request = None):
         """Edit and resend: the edited message and everything after it leave the chat (kept in the
         database as a branch); the edited text is sent as a new turn on the untouched history."""
         uid, sid = self.current(uid, sid, request)
@@ -217,8 +266,13 @@ class ChatHandlers:
 
     # ---- export and import --------------------------------------------------------------
     def export(self, uid, sid, fmt: str, request: gr.Request):
+        """The chat as a file. From the customer chat without the assistant's instructions: neither the
+        system prompt nor the token ids (a user message's ids hold the whole prompt, instructions too)."""
         uid, sid = self.current(uid, sid, request)
         session, messages = self.store.session(uid, sid), self.store.messages(uid, sid)
+        if not self.demo:
+            session = {**session, "system_prompt": ""}
+            messages = [{**m, "token_ids": []} for m in messages]
         name = transfer.safe_name(session["title"])
         if fmt == "json":
             return transfer.write_file(f"{name}.json", transfer.chat_json(session, messages))
@@ -238,10 +292,17 @@ class ChatHandlers:
             chat = transfer.read_chat(path)
         except (ValueError, OSError) as e:
             gr.Warning(f"Could not import that file: {e}")
-            return gr.update(), gr.update(), gr.update(), gr.update(), gr.update()
-        sid = self.store.import_session(uid, chat["title"], chat["system_prompt"], chat["messages"])
+            return (gr.update(),) * (5 if self.demo else 4)
+        messages = chat["messages"]
+        if self.demo:
+            prompt, where = chat["system_prompt"], {}
+        else:  # a file cannot choose the instructions: no prompt, and no token ids that could carry one
+            a = self.assistant(request)
+            prompt, where = a["system_prompt"], {"assistant": a["assistant"], "assistant_version": a["version"]}
+            messages = [{**m, "token_ids": []} for m in messages]
+        sid = self.store.import_session(uid, chat["title"], prompt, messages, **where)
         gr.Info(f"Imported \"{chat['title']}\" as a new chat.")
-        return self.show_session(uid, sid)
+        return self.show_session(uid, sid, request)
 
     def tab_closed(self, request: gr.Request) -> None:
         self.service.abort_tab(request.session_hash)

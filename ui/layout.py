@@ -1,5 +1,7 @@
-"""The Gradio 6 page: sessions sidebar, chat pane, live engine panel, operator controls. Only
-components and wiring live here; what the events do is in handlers.py and operator.py."""
+"""The Gradio 6 pages: the customer chat (sessions sidebar and chat pane, one assistant's) and the
+demo page (the same, plus a chat's own system prompt and sampling, the live engine panel, and the
+operator controls for operators). Only components and wiring live here; what the events do is in
+handlers.py and operator.py. The operator console is console.py."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -9,7 +11,8 @@ import gradio as gr
 from engine.client import EngineClient
 from server.auth import Credentials, VisitorCookie
 from server.limits import UserLimiter
-from ui.handlers import CHAT_REPETITION_PENALTY, ChatHandlers
+from ui.assistants import CHAT_REPETITION_PENALTY
+from ui.handlers import ChatHandlers
 from ui.operator import FEEDBACK_COLUMNS, OperatorHandlers
 from ui.panel import PanelSampler, page_map_html
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
@@ -31,10 +34,10 @@ PLOT_TITLES = ("Requests and preemptions", "Tokens per step", "Generated tok/s",
 def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quantization: str | None,
              credentials: Credentials, limiter: UserLimiter, visitors: VisitorCookie | None,
              salt_by_user: bool = False) -> gr.Blocks:
-    """models: label -> model argument (None = the embedded default); the first is the one loaded.
-    credentials.operators: the logins that see and may use the operator controls. visitors: the
-    cookie signer when nobody logs in. limiter: the per-user cap shared with the API."""
-    chat = ChatHandlers(client, store, visitors, limiter, salt_by_user)
+    """The demo page. models: label -> model argument (None = the embedded default); the first is
+    the one loaded. credentials.operators: the logins that see and may use the operator controls.
+    visitors: the cookie signer when nobody logs in. limiter: the per-user cap shared with the API."""
+    chat = ChatHandlers(client, store, visitors, limiter, salt_by_user, demo=True)
     operator = OperatorHandlers(client, store, models, quantization, set(credentials.operators))
     sampler = PanelSampler(client)
 
@@ -51,10 +54,33 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
                 live = engine_panel()
                 ops = operator_controls(models, *operator.initial_choices())
         timer = gr.Timer(1.0)
-        wire_sessions(demo, chat, operator, state, side, pane, header, ops)
+
+        def demo_loads():
+            demo.load(chat.sampling_defaults, None, [pane.temperature, pane.top_p, pane.penalty, pane.sampling_note],
+                      **PRIVATE)
+            demo.load(operator.show_controls, None, [ops.column], **PRIVATE)
+        wire_sessions(demo, chat, state, side, pane, header, demo_loads)
         wire_turns(demo, chat, state, side, pane)
         wire_panel(timer, chat, operator, sampler, header, pane, live, ops)
     return demo
+
+
+def build_customer_ui(client: EngineClient, store, *, limiter: UserLimiter, visitors: VisitorCookie | None,
+                      salt_by_user: bool = False) -> gr.Blocks:
+    """The customer chat, served at /chat/<assistant>: the conversation and its buttons only. The
+    assistant's prompt, sampling and model never reach this page, and none of its events takes them."""
+    chat = ChatHandlers(client, store, visitors, limiter, salt_by_user, demo=False)
+    with gr.Blocks(title="Chat", analytics_enabled=False) as page:
+        state = SimpleNamespace(user=gr.State(None), session=gr.State(None), rated=gr.State(None))
+        side = chats_sidebar()
+        with gr.Row():
+            header = SimpleNamespace(title=gr.Markdown(elem_id="assistant-name"),
+                                     theme_btn=gr.Button("Light / dark", size="sm", scale=0, elem_id="theme-toggle"))
+        pane = chat_pane(demo=False)
+        page.load(chat.greeting, None, [pane.chatbot, header.title], **PRIVATE)
+        wire_sessions(page, chat, state, side, pane, header)
+        wire_turns(page, chat, state, side, pane)
+    return page
 
 
 # ---- the panels: components only ------------------------------------------------------------
@@ -82,8 +108,9 @@ def chats_sidebar() -> SimpleNamespace:
     return SimpleNamespace(**locals())
 
 
-def chat_pane() -> SimpleNamespace:
-    """The conversation, feedback, the input and its buttons, a chat's system prompt and sampling."""
+def chat_pane(demo: bool = True) -> SimpleNamespace:
+    """The conversation, feedback, the input and its buttons; on the demo page also a chat's system
+    prompt and sampling."""
     chatbot = gr.Chatbot(elem_id="chatbot", height=520, sanitize_html=True, buttons=["copy"],
                          editable="user", feedback_options=("Like", "Dislike"),
                          placeholder="Ask the support assistant anything.")
@@ -98,6 +125,8 @@ def chat_pane() -> SimpleNamespace:
         send_btn = gr.Button("Send", variant="primary", elem_id="send")
         stop_btn = gr.Button("Stop", elem_id="stop")
         regen_btn = gr.Button("Regenerate", elem_id="regenerate")
+    if not demo:
+        return SimpleNamespace(**locals())
     with gr.Accordion("System prompt", open=False):
         system = gr.Textbox(lines=4, show_label=False, elem_id="system")
         with gr.Row():
@@ -121,9 +150,11 @@ def engine_panel() -> SimpleNamespace:
     return SimpleNamespace(**locals())
 
 
-def operator_controls(models: dict[str, str | None], quant_choices: list[str], quant_value: str) -> SimpleNamespace:
-    """Operators only (hidden until show_controls): model switch, simulated load, cache reset, ratings."""
-    with gr.Column(visible=False, elem_id="operator") as column:
+def operator_controls(models: dict[str, str | None], quant_choices: list[str], quant_value: str,
+                      visible: bool = False) -> SimpleNamespace:
+    """Operators only (hidden until show_controls, or shown in the console, which is theirs as a
+    whole): model switch, simulated load, cache reset, ratings."""
+    with gr.Column(visible=visible, elem_id="operator") as column:
         with gr.Accordion("Model", open=False):
             model_dd = gr.Dropdown(list(models), value=next(iter(models)), label="Model", elem_id="model")
             quant_dd = gr.Dropdown(quant_choices, value=quant_value, label="Quantization", elem_id="quantization")
@@ -152,31 +183,32 @@ def _with_marks(chat: ChatHandlers, state: SimpleNamespace, pane: SimpleNamespac
     return event.then(chat.marks, [state.user, state.session], [pane.chatbot], show_progress="hidden", **PRIVATE)
 
 
-def wire_sessions(demo: gr.Blocks, chat: ChatHandlers, operator: OperatorHandlers, state: SimpleNamespace,
-                  side: SimpleNamespace, pane: SimpleNamespace, header: SimpleNamespace,
-                  ops: SimpleNamespace) -> None:
-    """Identity, the list of chats, files, the theme."""
+def wire_sessions(page: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side: SimpleNamespace,
+                  pane: SimpleNamespace, header: SimpleNamespace, more_loads=None) -> None:
+    """Identity, the list of chats, files, the theme (`more_loads()` adds the page's own load events
+    after the first two). The demo page also shows and saves a chat's system prompt (`pane.system`);
+    the customer chat has no such component."""
     user, session = state.user, state.session
+    system = [pane.system] if chat.demo else []
 
     def marks(event):
         return _with_marks(chat, state, pane, event)
-    shown_session = [side.sessions, session, pane.chatbot, pane.system, side.title]
-    marks(demo.load(chat.init, None, [user, side.sessions, session, pane.chatbot, pane.system, side.title]))
-    demo.load(None, js=ON_LOAD)
-    demo.load(chat.sampling_defaults, None, [pane.temperature, pane.top_p, pane.penalty, pane.sampling_note],
-              **PRIVATE)
-    demo.load(operator.show_controls, None, [ops.column], **PRIVATE)
-    marks(side.sessions.input(chat.open_session, [user, side.sessions], [session, pane.chatbot, pane.system,
-                                                                           side.title]))
-    side.new_btn.click(chat.new_chat, [user, pane.system], [side.sessions, session, pane.chatbot, side.title])
-    pane.chatbot.clear(chat.new_chat, [user, pane.system], [side.sessions, session, pane.chatbot, side.title],
-                       **PRIVATE)  # kept, not lost
+    shown_session = [side.sessions, session, pane.chatbot, *system, side.title]
+    marks(page.load(chat.init, None, [user, *shown_session]))
+    page.load(None, js=ON_LOAD)
+    if more_loads is not None:
+        more_loads()
+    marks(side.sessions.input(chat.open_session, [user, side.sessions], [session, pane.chatbot, *system, side.title]))
+    new_chat = [side.sessions, session, pane.chatbot, side.title]
+    side.new_btn.click(chat.new_chat, [user, *system], new_chat)
+    pane.chatbot.clear(chat.new_chat, [user, *system], new_chat, **PRIVATE)  # kept, not lost
     side.rename_btn.click(chat.rename, [user, session, side.title], [side.sessions])
     side.title.submit(chat.rename, [user, session, side.title], [side.sessions], **PRIVATE)
     marks(side.delete_btn.click(chat.delete, [user, session], shown_session))
     side.search.change(chat.find, [user, side.search], [side.sessions])
-    pane.save_system_btn.click(chat.save_system, [user, session, pane.system], None)
-    pane.preset_btn.click(lambda: CUSTOMER_SERVICE_PROMPT, None, [pane.system], **PRIVATE)
+    if chat.demo:
+        pane.save_system_btn.click(chat.save_system, [user, session, pane.system], None)
+        pane.preset_btn.click(lambda: CUSTOMER_SERVICE_PROMPT, None, [pane.system], **PRIVATE)
     side.export_md_btn.click(chat.export_markdown, [user, session], [side.export_file])
     side.export_json_btn.click(chat.export_json, [user, session], [side.export_file])
     marks(side.import_btn.upload(chat.import_chat, [user, side.import_btn], shown_session))
@@ -190,7 +222,7 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
                pane: SimpleNamespace) -> None:
     """Chat turns: shown at once (unqueued), then sent; regenerate, edit, stop, thumbs."""
     user, session = state.user, state.session
-    sampling = [pane.temperature, pane.top_p, pane.max_tokens, pane.penalty]
+    sampling = [pane.temperature, pane.top_p, pane.max_tokens, pane.penalty] if chat.demo else []
 
     def marks(event):
         return _with_marks(chat, state, pane, event)
@@ -219,11 +251,28 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
 
 def wire_panel(timer: gr.Timer, chat: ChatHandlers, operator: OperatorHandlers, sampler: PanelSampler,
                header: SimpleNamespace, pane: SimpleNamespace, live: SimpleNamespace, ops: SimpleNamespace) -> None:
-    """The live panel's timer and the operator's controls."""
-    timer.tick(sampler.render, None, [header.model_line, live.panel, live.memory, *live.plots], **LIVE, **PRIVATE)
+    """The live panel's timer and the operator's controls (a switch refreshes the sliders' defaults)."""
+    wire_live(timer, sampler, header.model_line, live)
+    wire_operator(operator, ops, lambda switched: switched.then(
+        chat.sampling_defaults, None, [pane.temperature, pane.top_p, pane.penalty, pane.sampling_note], **PRIVATE))
+
+
+def wire_live(timer: gr.Timer, sampler: PanelSampler, model_line: gr.HTML, live: SimpleNamespace,
+              allowed=None) -> None:
+    """The panel's timer; with `allowed(request)`, only those it allows get the panel's data."""
+    outputs = [model_line, live.panel, live.memory, *live.plots]
+
+    def gated(request: gr.Request):
+        return sampler.render() if allowed(request) else (gr.update(),) * len(outputs)
+    timer.tick(sampler.render if allowed is None else gated, None, outputs, **LIVE, **PRIVATE)
+
+
+def wire_operator(operator: OperatorHandlers, ops: SimpleNamespace, after_switch=None) -> None:
+    """The operator's controls; `after_switch(event)` chains what follows a model switch."""
     ops.model_dd.change(operator.quant_options, [ops.model_dd], [ops.quant_dd])
-    ops.switch_btn.click(operator.switch, [ops.model_dd, ops.quant_dd], [ops.switch_status]).then(
-        chat.sampling_defaults, None, [pane.temperature, pane.top_p, pane.penalty, pane.sampling_note], **PRIVATE)
+    switched = ops.switch_btn.click(operator.switch, [ops.model_dd, ops.quant_dd], [ops.switch_status])
+    if after_switch is not None:
+        after_switch(switched)
     ops.sim_btn.click(operator.simulate, [ops.sim_n], [ops.sim_status])
     ops.reset_btn.click(operator.reset_prefix_cache, None, [ops.reset_status])
     ops.review_btn.click(operator.feedback_table, None, [ops.review])

@@ -1,0 +1,133 @@
+"""The operator console (/console, operators only): the live engine panel, the model switcher and
+the other operator controls, and the assistants editor. Anyone else sees one line saying so, and
+every handler checks again (a visitor calling an endpoint directly is refused)."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import gradio as gr
+
+from engine.client import EngineClient
+from server.auth import Credentials
+from ui import assistants
+from ui.layout import PRIVATE, THEME_TOGGLE, engine_panel, operator_controls, wire_live, wire_operator
+from ui.operator import OperatorHandlers
+from ui.panel import PanelSampler
+
+NEW = "New assistant…"
+VERSION_COLUMNS = ["address", "version", "name", "saved", "by"]
+
+
+class AssistantEditor:
+    """The assistants editor's events: show one assistant's latest version, save a new version."""
+
+    def __init__(self, store, operator: OperatorHandlers) -> None:
+        self.store, self.operator = store, operator
+
+    def choices(self) -> list[str]:
+        return [a["assistant"] for a in self.store.assistants()] + [NEW]
+
+    def show(self, slug: str, request: gr.Request):
+        """(address, name, prompt, greeting, temperature, top_p, max tokens, penalty, model, versions);
+        nothing for anyone but an operator."""
+        if not self.operator.is_operator(request):
+            return (gr.update(),) * 10
+        a = self.store.assistant(slug) if slug and slug != NEW else None
+        if a is None:
+            return ("", "", "", "", None, None, None, None, "", self.versions(request))
+        s = a["sampling"]
+        return (a["assistant"], a["name"], a["system_prompt"], a["greeting"], s.get("temperature"), s.get("top_p"),
+                s.get("max_tokens"), s.get("repetition_penalty"), a["model"], self.versions(request))
+
+    def save(self, slug, name, prompt, greeting, temperature, top_p, max_tokens, penalty, model,
+             request: gr.Request):
+        """A new version; new chats take it, chats already started keep theirs."""
+        self.operator._check(request)
+        slug = (slug or "").strip()
+        fields = {"name": name, "system_prompt": prompt, "greeting": greeting, "model": model,
+                  "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+                               "repetition_penalty": penalty}}
+        try:
+            version = assistants.save(self.store, slug, fields, getattr(request, "username", None) or "operator")
+        except ValueError as e:
+            return f"❌ {e}", gr.update(), gr.update()
+        served = self.operator.client.info.name if self.operator.client.info else None
+        note = (f" It names the model {model!r}; this deployment serves {served}, which answers its chats."
+                if model and served and model != served else "")
+        return (f"✅ Saved **{slug}** version {version}: new chats at [/chat/{slug}](/chat/{slug}/) use it, chats "
+                f"already started keep the version they began with.{note}",
+                gr.update(choices=self.choices(), value=slug), self.versions(request))
+
+    def versions(self, request: gr.Request):
+        self.operator._check(request)
+        rows = []
+        for a in self.store.assistants():
+            for v in range(a["version"], 0, -1):
+                old = self.store.assistant(a["assistant"], v)
+                rows.append([old["assistant"], v, old["name"], time.strftime("%Y-%m-%d %H:%M",
+                             time.localtime(old["created"])), old["created_by"]])
+        return rows
+
+
+def build_console(client: EngineClient, store, *, models: dict[str, str | None], quantization: str | None,
+                  credentials: Credentials) -> gr.Blocks:
+    operator = OperatorHandlers(client, store, models, quantization, set(credentials.operators))
+    editor = AssistantEditor(store, operator)
+    sampler = PanelSampler(client)
+    assistants.ensure_default(store)
+    with gr.Blocks(title="pagedchat console", analytics_enabled=False) as console:
+        refused = gr.Markdown("The console is for operators: log in with an operator's name "
+                              "(`--admin NAME`).", elem_id="console-refused")
+        with gr.Column(visible=False, elem_id="console") as body:
+            with gr.Row():
+                model_line = gr.HTML("Model: loading…", elem_id="model-line")
+                theme_btn = gr.Button("Light / dark", size="sm", scale=0, elem_id="theme-toggle")
+            with gr.Row():
+                with gr.Column(scale=3, min_width=360):
+                    edit = assistants_editor(editor)
+                with gr.Column(scale=2, min_width=320):
+                    live = engine_panel()
+                    ops = operator_controls(models, *operator.initial_choices(), visible=True)
+        timer = gr.Timer(1.0)
+
+        def face(request: gr.Request):
+            """The refusal line for visitors, the console for operators."""
+            allowed = operator.is_operator(request)
+            return gr.update(visible=not allowed), gr.update(visible=allowed)
+        console.load(face, None, [refused, body], **PRIVATE)
+        fields = [edit.slug, edit.name, edit.prompt, edit.greeting, edit.temperature, edit.top_p, edit.max_tokens,
+                  edit.penalty, edit.model]
+        console.load(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)
+        edit.pick.input(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)
+        edit.save_btn.click(editor.save, fields, [edit.status, edit.pick, edit.versions], **PRIVATE)
+        theme_btn.click(None, js=THEME_TOGGLE)
+        wire_live(timer, sampler, model_line, live, allowed=operator.is_operator)
+        wire_operator(operator, ops)
+    return console
+
+
+def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
+    """One assistant's fields; saving makes a new version."""
+    with gr.Accordion("Assistants", open=True, elem_id="assistants"):
+        choices = editor.choices()
+        pick = gr.Dropdown(choices, value=choices[0], label="Assistant", elem_id="assistant-pick")
+        slug = gr.Textbox(label="Address (the chat is at /chat/<address>)", elem_id="assistant-slug")
+        name = gr.Textbox(label="Name (shown to customers)", elem_id="assistant-name-field")
+        prompt = gr.Textbox(label="System prompt (persona and policies; never shown to customers)", lines=8,
+                            max_lines=30, elem_id="assistant-prompt")
+        greeting = gr.Textbox(label="Greeting (shown in an empty chat)", lines=2, elem_id="assistant-greeting")
+        with gr.Row():
+            temperature = gr.Number(None, label="Temperature (empty: the model's)", minimum=0, maximum=2,
+                                    elem_id="assistant-temperature")
+            top_p = gr.Number(None, label="Top-p (empty: the model's)", minimum=0.01, maximum=1,
+                              elem_id="assistant-top-p")
+        with gr.Row():
+            max_tokens = gr.Number(None, label="Max reply tokens", precision=0, minimum=1, maximum=4096,
+                                   elem_id="assistant-max-tokens")
+            penalty = gr.Number(None, label="Repetition penalty", minimum=1, maximum=2, elem_id="assistant-penalty")
+        model = gr.Textbox(label="Model it is written for (empty: whichever is loaded)", elem_id="assistant-model")
+        save_btn = gr.Button("Save as a new version", variant="primary", elem_id="assistant-save")
+        status = gr.Markdown(elem_id="assistant-status")
+        versions = gr.Dataframe(headers=VERSION_COLUMNS, interactive=False, elem_id="assistant-versions")
+    return SimpleNamespace(**locals())

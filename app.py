@@ -50,6 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="serve the demo page at /: every visitor sees the live engine panel and may set a chat's own "
                         "system prompt and sampling (for demos and for watching paging and batching); without it, "
                         "/ leads to the customer chat, which shows neither")
+    p.add_argument("--agent", action="append", default=[], metavar="NAME",
+                   help="a person who answers chats handed over from the assistant (a login; repeatable): works the "
+                        "inbox in /console, cannot switch models. Operators (--admin) can too")
     p.add_argument("--frame-ancestors", nargs="*", default=[], metavar="ORIGIN",
                    help="sites that may embed the chat in an iframe (e.g. https://shop.example); default: none")
     p.add_argument("--engine-url", default=None, metavar="URL",
@@ -112,7 +115,8 @@ def build_app(args: argparse.Namespace):
     mount = dict(auth=login(credentials), footer_links=[], run_history=False)
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted)
     app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", **mount)
-    console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials)
+    console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials,
+                            agents=frozenset(args.agent))
     app = gr.mount_gradio_app(app, console, path="/console", **mount)
     if args.demo:
         demo = build_ui(client, store, models=models, quantization=config.quantization, credentials=credentials,

@@ -41,7 +41,17 @@ def m003_assistants(db: sqlite_utils.Database) -> None:
     db["sessions"].add_column("assistant_version", int)
 
 
-MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants]
+def m004_handoff(db: sqlite_utils.Database) -> None:
+    """Handoff to a person: a session's state ("assistant", "waiting", "agent"), the agent holding it,
+    since when it waits; a message's author where it is not the role's default ("agent:NAME")."""
+    db["sessions"].add_column("state", str, not_null_default="assistant")
+    db["sessions"].add_column("agent", str)
+    db["sessions"].add_column("waiting_since", float)
+    db["messages"].add_column("author", str)
+    db["sessions"].create_index(["state", "waiting_since"])
+
+
+MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

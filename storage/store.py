@@ -145,7 +145,7 @@ class Store:
                     token_ids: list[int] | None = None, **stats) -> int:
         row = {"session_id": session_id, "role": role, "content": content,
                "token_ids": json.dumps(token_ids or []), "created": time.time()}
-        row.update({k: v for k, v in stats.items() if k in (*_STATS, "created")})
+        row.update({k: v for k, v in stats.items() if k in (*_STATS, "created", "author")})
         with self._db() as db:
             if not self._owned(db, user_id, session_id):
                 raise StoreError(f"session {session_id} does not belong to this user")

@@ -26,7 +26,16 @@ class ReplyCut(EngineDeadError):
     interrupted, and the turn counts as sent."""  # shown under a sent message until the reply starts
 
 
+def author_name(m: dict) -> str | None:
+    """The person who wrote an assistant-side message ("agent:NAME"), None for the model."""
+    author = m.get("author") or ""
+    return author.removeprefix("agent:") if author.startswith("agent:") else None
+
+
 def reply_footer(m: dict) -> str:
+    person = author_name(m)
+    if person:
+        return f"\n\n<sub>{stamp(m)} · {person}, a person from our team</sub>"
     if m.get("generated_tokens") is None:
         return ""
     ttft = f"TTFT {m['ttft'] * 1000:.0f} ms · " if m.get("ttft") is not None else ""

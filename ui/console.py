@@ -1,6 +1,7 @@
-"""The operator console (/console, operators only): the live engine panel, the model switcher and
-the other operator controls, and the assistants editor. Anyone else sees one line saying so, and
-every handler checks again (a visitor calling an endpoint directly is refused)."""
+"""The console (/console): for agents (`--agent NAME`) the handoff inbox; for operators also the
+live engine panel, the model switcher and the other operator controls, and the assistants editor.
+Anyone else sees one line saying so, and every handler checks again (a visitor calling an
+endpoint directly is refused)."""
 from __future__ import annotations
 
 import time
@@ -11,6 +12,7 @@ import gradio as gr
 from engine.client import EngineClient
 from server.auth import Credentials
 from ui import assistants
+from ui.inbox import InboxHandlers, inbox_panel, wire_inbox
 from ui.layout import PRIVATE, THEME_TOGGLE, engine_panel, operator_controls, wire_live, wire_operator
 from ui.operator import OperatorHandlers
 from ui.panel import PanelSampler
@@ -71,14 +73,17 @@ class AssistantEditor:
 
 
 def build_console(client: EngineClient, store, *, models: dict[str, str | None], quantization: str | None,
-                  credentials: Credentials) -> gr.Blocks:
+                  credentials: Credentials, agents: frozenset[str] = frozenset()) -> gr.Blocks:
     operator = OperatorHandlers(client, store, models, quantization, set(credentials.operators))
+    inbox = InboxHandlers(store, set(agents) | set(credentials.operators))
     editor = AssistantEditor(store, operator)
     sampler = PanelSampler(client)
     assistants.ensure_default(store)
     with gr.Blocks(title="pagedchat console", analytics_enabled=False) as console:
-        refused = gr.Markdown("The console is for operators: log in with an operator's name "
-                              "(`--admin NAME`).", elem_id="console-refused")
+        refused = gr.Markdown("The console is for agents and operators: log in with an agent's name (`--agent NAME`) "
+                              "or an operator's (`--admin NAME`).", elem_id="console-refused")
+        with gr.Column(visible=False, elem_id="agent-console") as agent_body:
+            box = inbox_panel()
         with gr.Column(visible=False, elem_id="console") as body:
             with gr.Row():
                 model_line = gr.HTML("Model: loading…", elem_id="model-line")
@@ -89,13 +94,14 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
                 with gr.Column(scale=2, min_width=320):
                     live = engine_panel()
                     ops = operator_controls(models, *operator.initial_choices(), visible=True)
-        timer = gr.Timer(1.0)
+        timer, inbox_timer = gr.Timer(1.0), gr.Timer(2.0)
 
         def face(request: gr.Request):
-            """The refusal line for visitors, the console for operators."""
-            allowed = operator.is_operator(request)
-            return gr.update(visible=not allowed), gr.update(visible=allowed)
-        console.load(face, None, [refused, body], **PRIVATE)
+            """The refusal line for visitors, the inbox for agents, all of it for operators."""
+            agent, allowed = inbox.is_agent(request), operator.is_operator(request)
+            return gr.update(visible=not agent), gr.update(visible=agent), gr.update(visible=allowed)
+        console.load(face, None, [refused, agent_body, body], **PRIVATE)
+        wire_inbox(console, inbox_timer, inbox, box)
         fields = [edit.slug, edit.name, edit.prompt, edit.greeting, edit.temperature, edit.top_p, edit.max_tokens,
                   edit.penalty, edit.model]
         console.load(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)

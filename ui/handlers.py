@@ -15,11 +15,21 @@ import gradio as gr
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import TooManyRequestsError, UserLimiter
+from storage.handoff import Handoff
 from ui import assistants, transfer
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import TYPING, ChatService, ReplyCut, display, feedback_values, plain_text
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError)  # shown as a warning
+# What a customer types to ask for a person (lowercased, contained anywhere in the message).
+PERSON_PHRASES = ("talk to a person", "talk to a human", "speak to a person", "speak to a human", "real person",
+                  "human agent", "live agent", "talk to someone", "상담원 연결", "상담원이랑", "상담사 연결",
+                  "사람이랑 얘기", "사람과 이야기", "직원 연결")
+
+
+def wants_person(text: str) -> bool:
+    folded = " ".join(text.lower().split())
+    return any(phrase in folded for phrase in PERSON_PHRASES)
 
 
 class ChatHandlers:
@@ -32,6 +42,7 @@ class ChatHandlers:
         self.visitors = visitors
         self.demo = demo
         self.service = ChatService(client, store, limiter, salt_by_user)
+        self.handoff = Handoff(store)
         assistants.ensure_default(store)
 
     # ---- identity -----------------------------------------------------------------------
@@ -196,11 +207,18 @@ class ChatHandlers:
         return "", list(history or []) + [{"role": "user", "content": text}, TYPING], text
 
     async def send(self, uid, sid, text, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
-        """A turn. The sliders (temp .. penalty) are the demo page's inputs; the customer chat has none."""
+        """A turn. The sliders (temp .. penalty) are the demo page's inputs; the customer chat has none.
+        In the customer chat, a message asking for a person, or sent while the chat waits for one or
+        is with one, is stored for the person and the model does not answer."""
         uid, sid = self.current(uid, sid, request)
         raw, text = text, (text or "").strip()
         if not text:
             yield gr.update(), gr.update()
+            return
+        if not self.demo and (self.handoff.state(sid)["state"] != "assistant" or wants_person(text)):
+            self.store.add_message(uid, sid, "user", text, [])
+            self.handoff.ask(sid)
+            yield display(self.store.messages(uid, sid)), ""
             return
         try:
             params = self._params(uid, sid, (temp, p, max_new, penalty))
@@ -216,6 +234,10 @@ class ChatHandlers:
     async def regenerate(self, uid, sid, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
         uid, sid = self.current(uid, sid, request)
         history = self.store.messages(uid, sid)
+        if self.handoff.state(sid)["state"] != "assistant":
+            gr.Warning("A person is looking after this chat: the assistant does not answer until they hand it back.")
+            yield display(history)
+            return
         if history and history[-1]["role"] == "assistant":
             self.store.delete_messages_from(uid, sid, history[-1]["id"])
         try:
@@ -235,6 +257,10 @@ class ChatHandlers:
         uid, sid = self.current(uid, sid, request)
         messages = self.store.messages(uid, sid)
         index = data.index if isinstance(data.index, int) else data.index[0]
+        if self.handoff.state(sid)["state"] != "assistant":
+            gr.Warning("A person is looking after this chat: send a new message instead of editing.")
+            yield display(messages), gr.update()
+            return
         if not 0 <= index < len(messages) or messages[index]["role"] != "user":
             gr.Warning("Only your own messages can be edited.")
             yield display(messages), gr.update()
@@ -242,6 +268,36 @@ class ChatHandlers:
         self.store.branch_from(uid, sid, messages[index]["id"])
         async for update in self.send(uid, sid, plain_text(data.value), temp, p, max_new, penalty, request):
             yield update
+
+    # ---- a person (the customer chat) ------------------------------------------------------
+    def ask_person(self, uid, sid, request: gr.Request):
+        """The "talk to a person" button: the chat waits for one; (status line, poll timer)."""
+        uid, sid = self.current(uid, sid, request)
+        self.handoff.ask(sid)
+        return self.person_status(uid, sid, request)
+
+    def person_status(self, uid, sid, request: gr.Request):
+        """(status line, poll timer): where the chat stands with a person; the timer runs while one
+        is involved, so their replies show without a reload."""
+        uid, sid = self.current(uid, sid, request)
+        s = self.handoff.state(sid)
+        if s["state"] == "waiting":
+            line = (f"Waiting for a person: you are number {s['place']} in line. They will see this whole chat; "
+                    f"the assistant does not answer meanwhile.")
+        elif s["state"] == "agent":
+            line = f"You are chatting with **{s['agent']}**, a person from our team."
+        else:
+            line = ""
+        return gr.update(value=line, visible=bool(line)), gr.Timer(active=s["state"] != "assistant")
+
+    def poll(self, uid, sid, seen, request: gr.Request):
+        """Each second while a person is involved: (chatbot, status, timer, seen), the chatbot only
+        when a message came (`seen`: how many the tab shows)."""
+        uid, sid = self.current(uid, sid, request)
+        messages = self.store.messages(uid, sid)
+        status, timer = self.person_status(uid, sid, request)
+        changed = len(messages) != seen
+        return (display(messages) if changed else gr.update()), status, timer, len(messages)
 
     # ---- feedback -----------------------------------------------------------------------
     def rate(self, uid, sid, data: gr.LikeData, request: gr.Request):

@@ -78,8 +78,9 @@ def build_customer_ui(client: EngineClient, store, *, limiter: UserLimiter, visi
                                      theme_btn=gr.Button("Light / dark", size="sm", scale=0, elem_id="theme-toggle"))
         pane = chat_pane(demo=False)
         page.load(chat.greeting, None, [pane.chatbot, header.title], **PRIVATE)
-        wire_sessions(page, chat, state, side, pane, header)
-        wire_turns(page, chat, state, side, pane)
+        started = wire_sessions(page, chat, state, side, pane, header)
+        sent = wire_turns(page, chat, state, side, pane)
+        wire_person(chat, state, side, pane, [started, *sent])
     return page
 
 
@@ -118,6 +119,8 @@ def chat_pane(demo: bool = True) -> SimpleNamespace:
         comment_box = gr.Textbox(placeholder="What was good or wrong about this reply? (optional)",
                                  show_label=False, scale=4, elem_id="comment")
         comment_btn = gr.Button("Send feedback", size="sm", scale=1, elem_id="send-comment")
+    if not demo:  # where the chat stands with a person, just above the input
+        status = gr.Markdown(visible=False, elem_id="person-status")
     msg = gr.Textbox(placeholder="Type a message · Enter sends · Shift+Enter starts a new line",
                      show_label=False, elem_id="msg", lines=1, max_lines=8, autofocus=True, submit_btn=False)
     pending = gr.Textbox(visible=False)  # the staged message, between showing it and sending it
@@ -126,6 +129,9 @@ def chat_pane(demo: bool = True) -> SimpleNamespace:
         stop_btn = gr.Button("Stop", elem_id="stop")
         regen_btn = gr.Button("Regenerate", elem_id="regenerate")
     if not demo:
+        person_btn = gr.Button("Talk to a person", size="sm", elem_id="talk-to-person")
+        poll = gr.Timer(1.0, active=False)  # runs while a person is involved: their replies show by themselves
+        seen = gr.State(0)  # messages the tab shows, so a poll re-renders only when one came
         return SimpleNamespace(**locals())
     with gr.Accordion("System prompt", open=False):
         system = gr.Textbox(lines=4, show_label=False, elem_id="system")
@@ -184,17 +190,18 @@ def _with_marks(chat: ChatHandlers, state: SimpleNamespace, pane: SimpleNamespac
 
 
 def wire_sessions(page: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side: SimpleNamespace,
-                  pane: SimpleNamespace, header: SimpleNamespace, more_loads=None) -> None:
+                  pane: SimpleNamespace, header: SimpleNamespace, more_loads=None):
     """Identity, the list of chats, files, the theme (`more_loads()` adds the page's own load events
     after the first two). The demo page also shows and saves a chat's system prompt (`pane.system`);
-    the customer chat has no such component."""
+    the customer chat has no such component. Returns the load event that finds the user's chat."""
     user, session = state.user, state.session
     system = [pane.system] if chat.demo else []
 
     def marks(event):
         return _with_marks(chat, state, pane, event)
     shown_session = [side.sessions, session, pane.chatbot, *system, side.title]
-    marks(page.load(chat.init, None, [user, *shown_session]))
+    started = page.load(chat.init, None, [user, *shown_session])
+    marks(started)
     page.load(None, js=ON_LOAD)
     if more_loads is not None:
         more_loads()
@@ -216,11 +223,13 @@ def wire_sessions(page: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, s
     side.confirm_no.click(lambda: gr.update(visible=False), None, [side.confirm_row], **PRIVATE)
     side.confirm_yes.click(chat.delete_all, [user], [*shown_session, side.confirm_row])
     header.theme_btn.click(None, js=THEME_TOGGLE)
+    return started
 
 
 def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side: SimpleNamespace,
-               pane: SimpleNamespace) -> None:
-    """Chat turns: shown at once (unqueued), then sent; regenerate, edit, stop, thumbs."""
+               pane: SimpleNamespace) -> list:
+    """Chat turns: shown at once (unqueued), then sent; regenerate, edit, stop, thumbs. Returns the
+    send events (Send and Enter)."""
     user, session = state.user, state.session
     sampling = [pane.temperature, pane.top_p, pane.max_tokens, pane.penalty] if chat.demo else []
 
@@ -247,6 +256,22 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
     for trigger in (pane.comment_btn.click, pane.comment_box.submit):
         trigger(chat.comment, [user, session, state.rated, pane.comment_box], [pane.comment_box, pane.comment_row])
     demo.unload(chat.tab_closed)
+    return send_events
+
+
+def wire_person(chat: ChatHandlers, state: SimpleNamespace, side: SimpleNamespace, pane: SimpleNamespace,
+                after: list) -> None:
+    """The customer chat's handoff: ask for a person, the status line, and the poll that shows an
+    agent's replies in the open tab. `after`: the page's first load (a chat still waiting after a
+    restart shows it) and the send events (a message may have asked for a person)."""
+    who, status = [state.user, state.session], [pane.status, pane.poll]
+    pane.person_btn.click(chat.ask_person, who, status)
+    for event in after:
+        event.then(chat.person_status, who, status, **PRIVATE)
+    for trigger in (side.sessions.input, side.new_btn.click):
+        trigger(chat.person_status, who, status, **PRIVATE)
+    pane.poll.tick(chat.poll, [*who, pane.seen], [pane.chatbot, *status, pane.seen], show_progress="hidden",
+                   **PRIVATE)
 
 
 def wire_panel(timer: gr.Timer, chat: ChatHandlers, operator: OperatorHandlers, sampler: PanelSampler,

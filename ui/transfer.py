@@ -19,7 +19,8 @@ def chat_json(session: dict, messages: list[dict]) -> str:
     return json.dumps({"format": FORMAT, "title": session["title"], "system_prompt": session["system_prompt"],
                        "exported": time.time(),
                        "messages": [{"role": m["role"], "content": m["content"], "created": m["created"],
-                                     "model": m["model"], "token_ids": m["token_ids"]} for m in messages]},
+                                     "model": m["model"], "token_ids": m["token_ids"],
+                                     "author": m.get("author")} for m in messages]},
                       ensure_ascii=False, indent=1)
 
 
@@ -29,8 +30,16 @@ def chat_markdown(session: dict, messages: list[dict]) -> str:
         lines += ["> System prompt: " + session["system_prompt"].replace("\n", " "), ""]
     for m in messages:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(m["created"]))
-        lines += [f"**{'Customer' if m['role'] == 'user' else 'Assistant'}** ({when}):", "", m["content"], ""]
+        lines += [f"**{speaker(m)}** ({when}):", "", m["content"], ""]
     return "\n".join(lines)
+
+
+def speaker(m: dict) -> str:
+    """Who wrote a message, as exports and the review name them."""
+    author = m.get("author") or ""
+    if author.startswith("agent:"):
+        return f"{author.removeprefix('agent:')} (agent)"
+    return "Customer" if m["role"] == "user" else "Assistant"
 
 
 def write_file(name: str, text: str) -> str:

@@ -1,0 +1,85 @@
+"""Handoff to a person, in SQLite so it survives a restart: a chat is "assistant" (the model
+answers), "waiting" (for a person; the model does not answer) or "agent" (a person holds it and
+answers). Customers ask; agents and operators take, reply and hand back. Every change is one
+guarded UPDATE, so two agents cannot both take a chat."""
+from __future__ import annotations
+
+import json
+import time
+
+STATES = ("assistant", "waiting", "agent")
+
+
+class Handoff:
+    def __init__(self, store) -> None:
+        self.store = store
+
+    def ask(self, session_id: str) -> bool:
+        """The customer asks for a person; False if the chat already waits or is with one."""
+        with self.store._db() as db:
+            return db.conn.execute("update sessions set state = 'waiting', waiting_since = ?, agent = null "
+                                   "where id = ? and state = 'assistant'", [time.time(), session_id]).rowcount == 1
+
+    def take(self, session_id: str, agent: str) -> str | None:
+        """The agent takes the chat (waiting, or with the assistant: an operator's takeover). None if
+        it is now theirs, else who holds it."""
+        with self.store._db() as db:
+            taken = db.conn.execute("update sessions set state = 'agent', agent = ? where id = ? and "
+                                    "(state != 'agent' or agent = ?)", [agent, session_id, agent]).rowcount
+            if taken:
+                return None
+            row = db.execute("select agent from sessions where id = ?", [session_id]).fetchone()
+        if row is None:
+            raise ValueError(f"there is no chat {session_id}")
+        return row[0]
+
+    def hand_back(self, session_id: str, agent: str) -> bool:
+        """The holder gives the chat back to the assistant; False if they do not hold it."""
+        with self.store._db() as db:
+            return db.conn.execute("update sessions set state = 'assistant', agent = null, waiting_since = null "
+                                   "where id = ? and state = 'agent' and agent = ?", [session_id, agent]).rowcount == 1
+
+    def reply(self, session_id: str, agent: str, text: str) -> int:
+        """The holder's reply, stored as the chat's next assistant message, authored by them."""
+        with self.store._db() as db:
+            row = db.execute("select state, agent from sessions where id = ?", [session_id]).fetchone()
+            if row is None:
+                raise ValueError(f"there is no chat {session_id}")
+            if row[0] != "agent" or row[1] != agent:
+                holder = f"{row[1]} has it" if row[0] == "agent" else "take it first"
+                raise ValueError(f"this chat is not yours to answer ({holder})")
+            now = time.time()
+            message_id = db["messages"].insert({"session_id": session_id, "role": "assistant", "content": text,
+                                                "token_ids": json.dumps([]), "created": now,
+                                                "author": f"agent:{agent}", "model": ""}).last_pk
+            db.conn.execute("update sessions set updated = ? where id = ?", [now, session_id])
+        return message_id
+
+    def state(self, session_id: str) -> dict:
+        """{state, agent, place}: place is 1 for the first chat in line (None unless waiting)."""
+        with self.store._db() as db:
+            row = db.execute("select state, agent, waiting_since from sessions where id = ?", [session_id]).fetchone()
+            if row is None:
+                return {"state": "assistant", "agent": None, "place": None}
+            place = None
+            if row[0] == "waiting":
+                place = 1 + db.execute("select count(*) from sessions where state = 'waiting' and waiting_since < ?",
+                                       [row[2]]).fetchone()[0]
+        return {"state": row[0], "agent": row[1], "place": place}
+
+    def inbox(self, recent_seconds: float = 3600) -> list[dict]:
+        """Chats waiting (oldest first), then those with a person, then those the assistant answered
+        in the last `recent_seconds` (an operator may take one over)."""
+        with self.store._db() as db:
+            return list(db.query(
+                "select s.id, s.user_id, s.title, s.assistant, s.state, s.agent, s.waiting_since, s.updated, "
+                "(select content from messages m where m.session_id = s.id and m.replaced is null "
+                " order by m.id desc limit 1) as last from sessions s where s.state != 'assistant' or s.updated > ? "
+                "order by case s.state when 'waiting' then 0 when 'agent' then 1 else 2 end, "
+                "coalesce(s.waiting_since, 0), s.updated desc limit 200", [time.time() - recent_seconds]))
+
+    def conversation(self, session_id: str) -> list[dict]:
+        """The chat's messages for the agent (whoever the customer is)."""
+        with self.store._db() as db:
+            return list(db["messages"].rows_where("session_id = ? and replaced is null", [session_id],
+                                                  order_by="id", select="id, role, content, author, created"))

@@ -1,0 +1,93 @@
+"""The customer deployment in Chromium: a customer on a phone-sized screen sees only the chat (no
+prompt, sampling or engine panel), asks for a person with the keyboard, and an agent in the
+console takes the chat and replies; the reply shows in the customer's open tab without a reload,
+and the chat goes back to the assistant."""
+import os
+
+import pytest
+
+from app import build_app, parse_args
+from tests.serving import LiveServer, logins_file
+from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory, tiny_chat_model):
+    folder = tmp_path_factory.mktemp("browser-handoff")
+    args = parse_args(["--db", str(folder / "chat.db"), "--model", tiny_chat_model, "--dtype", "float32",
+                       "--num-kv-blocks", "512", "--auth-file", logins_file(folder, cara="pw-c", alex="pw-x"),
+                       "--agent", "alex"])
+    app, llm = build_app(args)
+    with LiveServer(llm, app) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    from playwright.sync_api import expect, sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail("Chromium is not installed (make test installs Debian's chromium)")
+    expect.set_options(timeout=120_000)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS, timeout=180_000)
+        yield browser
+        browser.close()
+
+
+def logged_in(chromium, url: str, name: str, password: str, **viewport):
+    page = chromium.new_context(viewport=viewport or {"width": 1400, "height": 1000}).new_page()
+    page.set_default_timeout(120_000)
+    page.goto(url)
+    page.get_by_label("username").fill(name)
+    page.get_by_label("password").fill(password)
+    page.keyboard.press("Enter")
+    return page
+
+
+def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
+    from playwright.sync_api import expect
+
+    customer = logged_in(chromium, f"{shop.url}/", "cara", "pw-c", width=390, height=844)  # / leads to the chat
+    expect(customer.locator("#msg textarea")).to_be_visible()
+    assert "/chat/support" in customer.url
+    for absent in ("#system", "#temperature", "#panel", "#model-line", "#operator"):
+        assert customer.locator(absent).count() == 0, absent
+    expect(customer.locator("#assistant-name")).to_contain_text("Northwind")
+    customer.locator("#msg textarea").click()
+    customer.keyboard.type("My tent arrived torn, I want to talk to a person")
+    customer.keyboard.press("Enter")
+    expect(customer.locator("#person-status")).to_contain_text("number 1 in line")
+    expect(customer.locator("#chatbot [data-testid='bot']")).to_have_count(0)  # the model stayed quiet
+    if SCREENSHOT_DIR:
+        customer.screenshot(path=os.path.join(SCREENSHOT_DIR, "customer-waiting.png"))
+
+    agent = logged_in(chromium, f"{shop.url}/console/", "alex", "pw-x")
+    expect(agent.locator("#inbox-table")).to_contain_text("waiting for a person")
+    expect(agent.locator("#inbox-table tbody tr")).to_have_count(1)  # the page load made one chat, not two
+    assert agent.locator("#assistants").count() == 0 or not agent.locator("#assistants").is_visible()
+    agent.locator("#inbox-pick input").click()
+    agent.keyboard.press("ArrowDown")
+    agent.keyboard.press("Enter")
+    expect(agent.locator("#inbox-chat")).to_contain_text("tent arrived torn")
+    agent.locator("#inbox-take").click()
+    expect(agent.locator("#inbox-state")).to_contain_text("with a person (alex)")
+    agent.locator("#inbox-reply textarea").click()
+    agent.keyboard.type("Hi, I'm Alex. I have sent you a return label.")
+    agent.keyboard.press("Enter")
+    expect(agent.locator("#inbox-chat")).to_contain_text("return label")
+
+    expect(customer.locator("#chatbot")).to_contain_text("return label")  # no reload: the open tab polls
+    expect(customer.locator("#person-status")).to_contain_text("chatting with alex")
+    if SCREENSHOT_DIR:
+        customer.screenshot(path=os.path.join(SCREENSHOT_DIR, "customer-with-agent.png"))
+        agent.screenshot(path=os.path.join(SCREENSHOT_DIR, "console-inbox.png"))
+    agent.locator("#inbox-hand-back").click()
+    expect(agent.locator("#inbox-state")).to_contain_text("with the assistant")
+    expect(customer.locator("#person-status")).to_be_hidden()
+    customer.locator("#msg textarea").click()
+    customer.keyboard.type("Thanks! How long does the refund take?")
+    customer.keyboard.press("Enter")
+    expect(customer.locator("#chatbot [data-testid='bot']").last).to_contain_text("generated")  # the model again

@@ -1,0 +1,118 @@
+"""Fast tier: handoff to a person. The customer asks (button or phrase, English or Korean), waits in
+line while the model stays quiet, an agent takes the chat and replies, and hands it back; two
+agents cannot hold one chat, and a waiting chat is still waiting after a restart."""
+import asyncio
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from storage import Store
+from tests.fakes import FakeEngineClient
+from ui.handlers import ChatHandlers
+from ui.inbox import MAX_REPLY_CHARS, InboxHandlers
+
+
+def customer(name: str):
+    return SimpleNamespace(username=name, session_hash=f"tab-{name}",
+                           request=SimpleNamespace(path_params={"assistant": "support"}))
+
+
+def agent(name: str):
+    return SimpleNamespace(username=name, session_hash=f"console-{name}")
+
+
+async def drain(gen):
+    return [update async for update in gen]
+
+
+@pytest.fixture
+def shop(smol_tokenizer, tmp_path):
+    fake = FakeEngineClient(smol_tokenizer)
+    store = Store(str(tmp_path / "chat.db"))
+    return SimpleNamespace(fake=fake, store=store, chat=ChatHandlers(fake, store, demo=False),
+                           inbox=InboxHandlers(store, {"alex", "kim"}), path=str(tmp_path / "chat.db"))
+
+
+def send(shop, who: str, text: str):
+    uid, sid = shop.chat.current(None, None, customer(who))
+    asyncio.run(drain(shop.chat.send(uid, sid, text, request=customer(who))))
+    return uid, sid
+
+
+def test_the_button_puts_the_chat_in_line_and_the_model_stays_quiet(shop):
+    uid, sid = send(shop, "cara", "My tent arrived torn.")
+    asked = len(shop.fake.requests)
+    status, timer = shop.chat.ask_person(uid, sid, customer("cara"))
+    assert "number 1 in line" in status["value"] and timer.active
+    uid2, sid2 = shop.chat.current(None, None, customer("dan"))
+    assert "number 2 in line" in shop.chat.ask_person(uid2, sid2, customer("dan"))[0]["value"]
+    send(shop, "cara", "Hello? Anyone?")
+    assert len(shop.fake.requests) == asked  # stored for the person, not answered by the model
+    assert shop.store.messages(uid, sid)[-1]["content"] == "Hello? Anyone?"
+
+
+@pytest.mark.parametrize("text", ["상담원 연결 해주세요", "Can I talk to a person please?", "I want a HUMAN agent"])
+def test_asking_in_words_hands_the_chat_over(shop, text):
+    uid, sid = send(shop, "cara", text)
+    assert shop.fake.requests == [] and shop.chat.handoff.state(sid)["state"] == "waiting"
+
+
+def test_an_agent_takes_replies_and_hands_back(shop):
+    uid, sid = send(shop, "cara", "talk to a person")
+    rows, picker = shop.inbox.rows(agent("alex"))
+    assert rows[0][0] == sid and rows[0][1] == "waiting for a person" and sid in picker["choices"]
+    _, state = shop.inbox.take(sid, agent("alex"))
+    assert "with a person (alex)" in state
+    chat, _, box = shop.inbox.reply(sid, "Sorry about the tent, I have sent a return label.", agent("alex"))
+    assert box == "" and "return label" in chat[-1]["content"]
+    shown, status, timer, seen = shop.chat.poll(uid, sid, 1, customer("cara"))
+    assert "return label" in shown[-1]["content"] and "alex, a person from our team" in shown[-1]["content"]
+    assert "chatting with **alex**" in status["value"] and timer.active and seen == 2
+    assert shop.chat.poll(uid, sid, seen, customer("cara"))[0] == gr.update()  # nothing new: no re-render
+    shop.inbox.hand_back(sid, agent("alex"))
+    assert not shop.chat.person_status(uid, sid, customer("cara"))[1].active
+    send(shop, "cara", "Thanks! And the tent pegs?")
+    prompt = shop.fake.info.tokenizer.decode(shop.fake.requests[-1]["prompt"])
+    assert "return label" in prompt  # the assistant answers on with the agent's turn in its history
+    md = open(shop.chat.export_markdown(uid, sid, customer("cara"))).read()
+    assert "**alex (agent)**" in md
+
+
+def test_two_agents_cannot_hold_one_chat(shop, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    _, sid = send(shop, "cara", "talk to a person")
+    shop.inbox.take(sid, agent("alex"))
+    shop.inbox.take(sid, agent("kim"))
+    assert warnings == ["alex already has this chat."]
+    _, _, box = shop.inbox.reply(sid, "Kim here!", agent("kim"))
+    assert box == "Kim here!" and "not yours to answer (alex has it)" in warnings[-1]
+    assert all(m["content"] != "Kim here!" for m in shop.inbox.handoff.conversation(sid))
+    shop.inbox.hand_back(sid, agent("kim"))
+    assert shop.inbox.handoff.state(sid)["agent"] == "alex"
+
+
+def test_an_oversized_reply_is_refused_and_kept(shop, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    _, sid = send(shop, "cara", "talk to a person")
+    shop.inbox.take(sid, agent("alex"))
+    text = "x" * (MAX_REPLY_CHARS + 1)
+    assert shop.inbox.reply(sid, text, agent("alex"))[2] == text and "at most" in warnings[-1]
+
+
+def test_only_agents_work_the_inbox(shop):
+    _, sid = send(shop, "cara", "talk to a person")
+    assert shop.inbox.rows(customer("dan")) == (gr.update(), gr.update())
+    with pytest.raises(gr.Error):
+        shop.inbox.take(sid, customer("dan"))
+    with pytest.raises(gr.Error):
+        shop.inbox.reply(sid, "I am staff, honest", customer("dan"))
+
+
+def test_a_waiting_chat_is_still_waiting_after_a_restart(shop):
+    uid, sid = send(shop, "cara", "talk to a person")
+    restarted = ChatHandlers(shop.fake, Store(shop.path), demo=False)
+    status, timer = restarted.person_status(uid, sid, customer("cara"))
+    assert "number 1 in line" in status["value"] and timer.active

@@ -1,0 +1,115 @@
+"""The handoff inbox in the console: chats waiting for a person, those with one, and those the
+assistant answered lately. Agents (`--agent NAME`) and operators take a chat, see all of it, reply
+(the customer's open tab shows the reply within a second) and hand it back to the assistant."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import gradio as gr
+
+from storage.handoff import Handoff
+from ui.chat import display
+
+INBOX_COLUMNS = ["chat", "state", "agent", "waiting", "assistant", "customer", "last message"]
+MAX_REPLY_CHARS = 4000
+STATE_WORDS = {"waiting": "waiting for a person", "agent": "with a person", "assistant": "with the assistant"}
+
+
+class InboxHandlers:
+    def __init__(self, store, agents: set[str]) -> None:
+        """agents: the login names who may work the inbox (operators included)."""
+        self.store, self.agents, self.handoff = store, agents, Handoff(store)
+
+    def is_agent(self, request: gr.Request | None) -> bool:
+        return getattr(request, "username", None) in self.agents
+
+    def _name(self, request: gr.Request) -> str:
+        if not self.is_agent(request):
+            raise gr.Error("Only agents and operators can work the inbox.")
+        return request.username
+
+    def rows(self, request: gr.Request):
+        """(the inbox table, the chat picker's choices) — nothing for anyone but an agent."""
+        if not self.is_agent(request):
+            return gr.update(), gr.update()
+        now, rows = time.time(), []
+        for r in self.handoff.inbox():
+            waiting = f"{(now - r['waiting_since']) / 60:.0f} min" if r["waiting_since"] else ""
+            rows.append([r["id"], STATE_WORDS[r["state"]], r["agent"] or "", waiting, r["assistant"] or "",
+                         r["user_id"], (r["last"] or "")[:80]])
+        return rows, gr.update(choices=[row[0] for row in rows])
+
+    def open(self, sid: str | None, request: gr.Request):
+        """The picked chat, whole, and where it stands."""
+        self._name(request)
+        if not sid:
+            return [], ""
+        return self._shown(sid)
+
+    def take(self, sid: str | None, request: gr.Request):
+        name = self._name(request)
+        if not sid:
+            raise gr.Error("Pick a chat first.")
+        holder = self.handoff.take(sid, name)
+        if holder is not None:
+            gr.Warning(f"{holder} already has this chat.")
+        return self._shown(sid)
+
+    def hand_back(self, sid: str | None, request: gr.Request):
+        name = self._name(request)
+        if not sid or not self.handoff.hand_back(sid, name):
+            gr.Warning("Only the agent who has the chat can hand it back.")
+        return self._shown(sid) if sid else ([], "")
+
+    def reply(self, sid: str | None, text: str, request: gr.Request):
+        """(chat, status, box): the reply stored for the customer; the box keeps a refused text."""
+        name = self._name(request)
+        text = (text or "").strip()
+        if not sid or not text:
+            return (*self._shown(sid), text) if sid else ([], "", text)
+        if len(text) > MAX_REPLY_CHARS:
+            gr.Warning(f"The reply is {len(text)} characters; at most {MAX_REPLY_CHARS}. Nothing was sent.")
+            return (*self._shown(sid), text)
+        try:
+            self.handoff.reply(sid, name, text)
+        except ValueError as e:
+            gr.Warning(f"Not sent: {e}.")
+            return (*self._shown(sid), text)
+        return (*self._shown(sid), "")
+
+    def _shown(self, sid: str):
+        s = self.handoff.state(sid)
+        holder = f" ({s['agent']})" if s["agent"] else ""
+        return display(self.handoff.conversation(sid)), f"**{sid}**: {STATE_WORDS[s['state']]}{holder}"
+
+
+def inbox_panel() -> SimpleNamespace:
+    with gr.Accordion("Handoff inbox", open=True, elem_id="inbox"):
+        refresh_btn = gr.Button("Refresh", size="sm", elem_id="inbox-refresh")
+        table = gr.Dataframe(headers=INBOX_COLUMNS, interactive=False, wrap=True, elem_id="inbox-table")
+        pick = gr.Dropdown([], label="Chat", allow_custom_value=True, elem_id="inbox-pick")
+        state = gr.Markdown(elem_id="inbox-state")
+        chat = gr.Chatbot(height=360, sanitize_html=True, elem_id="inbox-chat")
+        with gr.Row():
+            take_btn = gr.Button("Take this chat", variant="primary", size="sm", elem_id="inbox-take")
+            back_btn = gr.Button("Hand back to the assistant", size="sm", elem_id="inbox-hand-back")
+        reply = gr.Textbox(placeholder="Reply to the customer · Enter sends · Shift+Enter starts a new line",
+                           show_label=False, lines=1, submit_btn=False,
+                           max_lines=8, elem_id="inbox-reply")
+        send_btn = gr.Button("Send reply", size="sm", elem_id="inbox-send")
+    return SimpleNamespace(**locals())
+
+
+def wire_inbox(page: gr.Blocks, timer: gr.Timer, inbox: InboxHandlers, box: SimpleNamespace) -> None:
+    private = dict(api_visibility="private")
+    listing = [box.table, box.pick]
+    page.load(inbox.rows, None, listing, **private)
+    timer.tick(inbox.rows, None, listing, show_progress="hidden", **private)
+    box.refresh_btn.click(inbox.rows, None, listing, **private)
+    box.pick.input(inbox.open, [box.pick], [box.chat, box.state], **private)
+    timer.tick(inbox.open, [box.pick], [box.chat, box.state], show_progress="hidden", **private)
+    box.take_btn.click(inbox.take, [box.pick], [box.chat, box.state], **private)
+    box.back_btn.click(inbox.hand_back, [box.pick], [box.chat, box.state], **private)
+    for trigger in (box.send_btn.click, box.reply.submit):
+        trigger(inbox.reply, [box.pick, box.reply], [box.chat, box.state, box.reply], **private)

@@ -17,8 +17,10 @@ class Handoff:
     def ask(self, session_id: str) -> bool:
         """The customer asks for a person; False if the chat already waits or is with one."""
         with self.store._db() as db:
-            return db.conn.execute("update sessions set state = 'waiting', waiting_since = ?, agent = null "
-                                   "where id = ? and state = 'assistant'", [time.time(), session_id]).rowcount == 1
+            now = time.time()
+            return db.conn.execute("update sessions set state = 'waiting', waiting_since = ?, agent = null, "
+                                   "handoff_at = coalesce(handoff_at, ?) where id = ? and state = 'assistant'",
+                                   [now, now, session_id]).rowcount == 1
 
     def take(self, session_id: str, agent: str) -> str | None:
         """The agent takes the chat (waiting, or with the assistant: an operator's takeover). None if
@@ -77,6 +79,11 @@ class Handoff:
                 " order by m.id desc limit 1) as last from sessions s where s.state != 'assistant' or s.updated > ? "
                 "order by case s.state when 'waiting' then 0 when 'agent' then 1 else 2 end, "
                 "coalesce(s.waiting_since, 0), s.updated desc limit 200", [time.time() - recent_seconds]))
+
+    def assistant_of(self, session_id: str) -> str | None:
+        with self.store._db() as db:
+            row = db.execute("select assistant from sessions where id = ?", [session_id]).fetchone()
+        return row[0] if row else None
 
     def conversation(self, session_id: str) -> list[dict]:
         """The chat's messages for the agent (whoever the customer is)."""

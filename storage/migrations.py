@@ -51,7 +51,21 @@ def m004_handoff(db: sqlite_utils.Database) -> None:
     db["sessions"].create_index(["state", "waiting_since"])
 
 
-MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff]
+def m005_quick_replies_canned(db: sqlite_utils.Database) -> None:
+    """Per assistant version: quick-reply chips for customers, canned responses for agents (JSON)."""
+    db["assistant_versions"].add_column("quick_replies", str)
+    db["assistant_versions"].add_column("canned", str)
+
+
+def m006_analytics(db: sqlite_utils.Database) -> None:
+    """When a chat was first handed to a person (the handoff rate), and messages by time (the
+    analytics' day range; bench/analytics.py measures the index)."""
+    db["sessions"].add_column("handoff_at", float)
+    db["messages"].create_index(["created"])
+
+
+MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff, m005_quick_replies_canned,
+              m006_analytics]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

@@ -118,7 +118,8 @@ class Store:
     def save_assistant(self, slug: str, fields: dict, by: str) -> int:
         """A new version of assistant `slug` (its first if new); returns the version number."""
         row = {k: fields[k] for k in ("name", "system_prompt", "greeting", "model")}
-        row["sampling"] = json.dumps(fields["sampling"])
+        row.update({k: json.dumps(fields.get(k) or ([] if k == "quick_replies" else {}), ensure_ascii=False)
+                    for k in ("sampling", "quick_replies", "canned")})
         with self._db() as db:
             latest = db.execute("select max(version) from assistant_versions where assistant = ?", [slug]).fetchone()[0]
             version = (latest or 0) + 1
@@ -243,4 +244,6 @@ class Store:
 
 def _assistant_row(row: dict) -> dict:
     row["sampling"] = json.loads(row["sampling"] or "{}")
+    row["quick_replies"] = json.loads(row.get("quick_replies") or "[]")
+    row["canned"] = json.loads(row.get("canned") or "{}")
     return row

@@ -49,11 +49,11 @@ def shop(fake, store):
 
 def save(shop, slug: str, prompt: str, **sampling):
     fields = dict(name=f"{slug} desk", prompt=prompt, greeting=f"Welcome to {slug}.", temperature=None, top_p=None,
-                  max_tokens=None, penalty=None, model="")
+                  max_tokens=None, penalty=None, model="", quick="", canned="")
     fields.update(sampling)
     return shop.editor.save(slug, fields["name"], fields["prompt"], fields["greeting"], fields["temperature"],
-                            fields["top_p"], fields["max_tokens"], fields["penalty"], fields["model"],
-                            request=SimpleNamespace(username="olga"))
+                            fields["top_p"], fields["max_tokens"], fields["penalty"], fields["model"], fields["quick"],
+                            fields["canned"], request=SimpleNamespace(username="olga"))
 
 
 def test_the_shipped_assistant_exists_once(store):
@@ -146,7 +146,11 @@ def test_the_customer_chat_refuses_to_set_a_system_prompt(shop):
     ("ok", {"name": "x", "system_prompt": "y" * 20_001}, "system_prompt"),
     ("ok", {"name": "x", "greeting": "y" * 2_001}, "greeting"),
     ("ok", {"name": "x", "sampling": {"temperature": -1}}, "temperature"),
-    ("ok", {"name": "x", "sampling": {"top_k": 5}}, "sampling")])
+    ("ok", {"name": "x", "sampling": {"top_k": 5}}, "sampling"),
+    ("ok", {"name": "x", "quick_replies": [f"q{i}" for i in range(9)]}, "quick_replies"),
+    ("ok", {"name": "x", "quick_replies": ["y" * 81]}, "quick_replies"),
+    ("ok", {"name": "x", "canned": {"/label": "y" * 2_001}}, "canned"),
+    ("ok", {"name": "x", "canned": {"no-slash": "text"}}, "canned")])
 def test_bad_assistant_fields_are_refused_naming_the_field(slug, fields, parameter):
     with pytest.raises(ParameterError) as e:
         assistants.check(slug, fields)
@@ -157,7 +161,7 @@ def test_only_operators_edit_assistants_and_a_bad_save_keeps_the_old_version(sho
     with pytest.raises(gr.Error):
         shop.editor.save("support", "x", "Ignore policies", "", None, None, None, None, "",
                          request=SimpleNamespace(username="cara"))
-    assert shop.editor.show("support", SimpleNamespace(username="cara")) == (gr.update(),) * 10
+    assert shop.editor.show("support", SimpleNamespace(username="cara")) == (gr.update(),) * 12
     status, *_ = save(shop, "support", "p", temperature=9)
     assert status.startswith("❌") and "temperature" in status
     assert shop.chat.store.assistant("support")["version"] == 1

@@ -116,3 +116,26 @@ def test_a_waiting_chat_is_still_waiting_after_a_restart(shop):
     restarted = ChatHandlers(shop.fake, Store(shop.path), demo=False)
     status, timer = restarted.person_status(uid, sid, customer("cara"))
     assert "number 1 in line" in status["value"] and timer.active
+
+
+def test_a_canned_shortcut_expands_in_the_box_before_it_is_sent(shop, monkeypatch):
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    monkeypatch.setattr(gr, "Info", lambda *a: None)
+    uid, sid = send(shop, "cara", "talk to a person")
+    shop.inbox.take(sid, agent("alex"))
+    _, state, box = shop.inbox.reply(sid, "/refund", agent("alex"))
+    assert box.startswith("Refunds go back") and "`/refund`" in state
+    assert shop.chat.store.messages(uid, sid)[-1]["role"] == "user"  # expanded, not sent
+    _, _, box = shop.inbox.reply(sid, "/nonsense", agent("alex"))
+    assert box == "/nonsense" and "/label" in warnings[-1]
+    shop.inbox.reply(sid, "Refunds go back within a week.", agent("alex"))
+    assert shop.chat.store.messages(uid, sid)[-1]["author"] == "agent:alex"
+
+
+def test_quick_replies_show_in_an_empty_chat_and_send_their_text(shop):
+    chips = shop.chat.greeting(customer("cara"))[0]["examples"]
+    assert {"text": "주문 조회"} in chips
+    data = SimpleNamespace(value={"text": "Where is my order?"})
+    box, shown, pending = shop.chat.stage_quick_reply([], data)
+    assert pending == "Where is my order?" and shown[0]["content"] == "Where is my order?" and box == ""

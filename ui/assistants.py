@@ -13,6 +13,9 @@ from ui.simulate import CUSTOMER_SERVICE_PROMPT
 DEFAULT_SLUG = "support"
 SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 MAX_PROMPT_CHARS, MAX_GREETING_CHARS, MAX_NAME_CHARS = 20_000, 2_000, 80
+MAX_QUICK_REPLIES, MAX_QUICK_REPLY_CHARS = 8, 80
+MAX_CANNED, MAX_CANNED_CHARS = 50, 2_000
+SHORTCUT = re.compile(r"/[a-z0-9][a-z0-9_-]{0,29}")
 # The chat's own sampling default beside the model's: with SmolLM2's card values alone (temperature
 # 0.2, top-p 0.9) 5 of 6 second replies looped, a sentence repeated 12-36 times; with 1.1, none did.
 CHAT_REPETITION_PENALTY = 1.1
@@ -21,7 +24,13 @@ SAMPLING_KEYS = tuple(SAMPLING_RANGES)
 
 DEFAULT = {"name": "Sam, Northwind Outfitters support", "system_prompt": CUSTOMER_SERVICE_PROMPT,
            "greeting": "Hi, I'm Sam from Northwind Outfitters. How can I help you today?",
-           "sampling": {"max_tokens": 256, "repetition_penalty": CHAT_REPETITION_PENALTY}, "model": ""}
+           "sampling": {"max_tokens": 256, "repetition_penalty": CHAT_REPETITION_PENALTY}, "model": "",
+           "quick_replies": ["Where is my order?", "How do I return an item?", "주문 조회", "Talk to a person"],
+           "canned": {"/label": "I have emailed you a prepaid return label; drop the parcel at any post office "
+                                "within thirty days.",
+                      "/refund": "Refunds go back to your original payment method within five to seven business "
+                                 "days after the return arrives.",
+                      "/bye": "Thank you for contacting Northwind Outfitters. Have a great day outdoors!"}}
 
 
 def check(slug: str, fields: dict) -> dict:
@@ -52,7 +61,50 @@ def check(slug: str, fields: dict) -> dict:
         sampling["max_tokens"] = int(sampling["max_tokens"])
     SamplingParams(**sampling)  # what the engine would refuse besides
     return {"name": name, "system_prompt": prompt, "greeting": greeting, "sampling": sampling,
-            "model": str(fields.get("model") or "")}
+            "model": str(fields.get("model") or ""), "quick_replies": _quick_replies(fields.get("quick_replies")),
+            "canned": _canned(fields.get("canned"))}
+
+
+def _quick_replies(items) -> list[str]:
+    replies = [str(q).strip() for q in (items or []) if str(q).strip()]
+    if len(replies) > MAX_QUICK_REPLIES:
+        raise ParameterError(f"at most {MAX_QUICK_REPLIES} quick replies, got {len(replies)}", "quick_replies")
+    long = [q for q in replies if len(q) > MAX_QUICK_REPLY_CHARS]
+    if long:
+        raise ParameterError(f"a quick reply is at most {MAX_QUICK_REPLY_CHARS} characters: {long[0][:40]!r}…",
+                             "quick_replies")
+    return replies
+
+
+def _canned(items) -> dict[str, str]:
+    canned = {str(k).strip(): str(v).strip() for k, v in (items or {}).items()}
+    if len(canned) > MAX_CANNED:
+        raise ParameterError(f"at most {MAX_CANNED} canned responses, got {len(canned)}", "canned")
+    for shortcut, text in canned.items():
+        if not SHORTCUT.fullmatch(shortcut):
+            raise ParameterError(f"a shortcut is / and 1-30 lowercase letters, digits, - or _, got {shortcut!r}",
+                                 "canned")
+        if not text or len(text) > MAX_CANNED_CHARS:
+            raise ParameterError(f"the canned response {shortcut} is {len(text)} characters; it needs 1 to "
+                                 f"{MAX_CANNED_CHARS}", "canned")
+    return canned
+
+
+def parse_canned(text: str) -> dict[str, str]:
+    """The editor's lines `/shortcut: the response` -> {shortcut: response}; ParameterError for a bad line."""
+    canned = {}
+    for n, line in enumerate((text or "").splitlines(), 1):
+        if not line.strip():
+            continue
+        shortcut, sep, response = line.partition(":")
+        if not sep:
+            raise ParameterError(f"canned responses, line {n}: write it as `/shortcut: the response`", "canned")
+        canned[shortcut.strip()] = response.strip()
+    return canned
+
+
+def format_canned(canned: dict[str, str]) -> str:
+    return "\n".join(f"{k}: {v}" for k, v in canned.items())
 
 
 def save(store, slug: str, fields: dict, by: str) -> int:

@@ -8,10 +8,12 @@ import time
 from types import SimpleNamespace
 
 import gradio as gr
+import pandas as pd
 
 from engine.client import EngineClient
 from server.auth import Credentials
-from ui import assistants
+from storage import analytics
+from ui import assistants, transfer
 from ui.inbox import InboxHandlers, inbox_panel, wire_inbox
 from ui.layout import PRIVATE, THEME_TOGGLE, engine_panel, operator_controls, wire_live, wire_operator
 from ui.operator import OperatorHandlers
@@ -31,26 +33,28 @@ class AssistantEditor:
         return [a["assistant"] for a in self.store.assistants()] + [NEW]
 
     def show(self, slug: str, request: gr.Request):
-        """(address, name, prompt, greeting, temperature, top_p, max tokens, penalty, model, versions);
-        nothing for anyone but an operator."""
+        """(address, name, prompt, greeting, temperature, top_p, max tokens, penalty, model, quick
+        replies, canned responses, versions); nothing for anyone but an operator."""
         if not self.operator.is_operator(request):
-            return (gr.update(),) * 10
+            return (gr.update(),) * 12
         a = self.store.assistant(slug) if slug and slug != NEW else None
         if a is None:
-            return ("", "", "", "", None, None, None, None, "", self.versions(request))
+            return ("", "", "", "", None, None, None, None, "", "", "", self.versions(request))
         s = a["sampling"]
         return (a["assistant"], a["name"], a["system_prompt"], a["greeting"], s.get("temperature"), s.get("top_p"),
-                s.get("max_tokens"), s.get("repetition_penalty"), a["model"], self.versions(request))
+                s.get("max_tokens"), s.get("repetition_penalty"), a["model"], "\n".join(a["quick_replies"]),
+                assistants.format_canned(a["canned"]), self.versions(request))
 
-    def save(self, slug, name, prompt, greeting, temperature, top_p, max_tokens, penalty, model,
-             request: gr.Request):
+    def save(self, slug, name, prompt, greeting, temperature, top_p, max_tokens, penalty, model, quick="",
+             canned="", request: gr.Request = None):
         """A new version; new chats take it, chats already started keep theirs."""
         self.operator._check(request)
         slug = (slug or "").strip()
-        fields = {"name": name, "system_prompt": prompt, "greeting": greeting, "model": model,
-                  "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
-                               "repetition_penalty": penalty}}
         try:
+            fields = {"name": name, "system_prompt": prompt, "greeting": greeting, "model": model,
+                      "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+                                   "repetition_penalty": penalty},
+                      "quick_replies": (quick or "").splitlines(), "canned": assistants.parse_canned(canned)}
             version = assistants.save(self.store, slug, fields, getattr(request, "username", None) or "operator")
         except ValueError as e:
             return f"❌ {e}", gr.update(), gr.update()
@@ -72,11 +76,42 @@ class AssistantEditor:
         return rows
 
 
+class AnalyticsHandlers:
+    def __init__(self, store, operator: OperatorHandlers) -> None:
+        self.store, self.operator = store, operator
+
+    def table(self, days, request: gr.Request):
+        """(table rows, the chats-and-turns plot) over the last `days` days."""
+        self.operator._check(request)
+        rows = analytics.daily(self.store, max(1, min(int(days or 30), 366)))
+        series = pd.DataFrame([{"day": pd.Timestamp(r["day"]), "value": r[k], "series": f"{r['assistant']} {k}"}
+                               for r in rows for k in ("chats", "turns")], columns=["day", "value", "series"])
+        return [[r[c] for c in analytics.COLUMNS] for r in rows], series
+
+    def csv(self, days, request: gr.Request) -> str:
+        self.operator._check(request)
+        return transfer.write_csv("analytics.csv", analytics.COLUMNS,
+                                  analytics.daily(self.store, max(1, min(int(days or 30), 366))))
+
+
+def analytics_panel() -> SimpleNamespace:
+    with gr.Accordion("Analytics", open=False, elem_id="analytics"):
+        with gr.Row():
+            days = gr.Number(30, precision=0, minimum=1, maximum=366, label="Days", elem_id="analytics-days")
+            refresh_btn = gr.Button("Show", size="sm", elem_id="analytics-refresh")
+            csv_btn = gr.Button("Download CSV", size="sm", elem_id="analytics-csv")
+        plot = gr.LinePlot(x="day", y="value", color="series", title="Chats and turns per day", height=240)
+        table = gr.Dataframe(headers=analytics.COLUMNS, interactive=False, wrap=True, elem_id="analytics-table")
+        file = gr.File(label="Download", interactive=False, elem_id="analytics-file")
+    return SimpleNamespace(**locals())
+
+
 def build_console(client: EngineClient, store, *, models: dict[str, str | None], quantization: str | None,
                   credentials: Credentials, agents: frozenset[str] = frozenset()) -> gr.Blocks:
     operator = OperatorHandlers(client, store, models, quantization, set(credentials.operators))
     inbox = InboxHandlers(store, set(agents) | set(credentials.operators))
     editor = AssistantEditor(store, operator)
+    numbers = AnalyticsHandlers(store, operator)
     sampler = PanelSampler(client)
     assistants.ensure_default(store)
     with gr.Blocks(title="pagedchat console", analytics_enabled=False) as console:
@@ -91,6 +126,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
             with gr.Row():
                 with gr.Column(scale=3, min_width=360):
                     edit = assistants_editor(editor)
+                    stats = analytics_panel()
                 with gr.Column(scale=2, min_width=320):
                     live = engine_panel()
                     ops = operator_controls(models, *operator.initial_choices(), visible=True)
@@ -103,10 +139,12 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         console.load(face, None, [refused, agent_body, body], **PRIVATE)
         wire_inbox(console, inbox_timer, inbox, box)
         fields = [edit.slug, edit.name, edit.prompt, edit.greeting, edit.temperature, edit.top_p, edit.max_tokens,
-                  edit.penalty, edit.model]
+                  edit.penalty, edit.model, edit.quick, edit.canned]
         console.load(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)
         edit.pick.input(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)
         edit.save_btn.click(editor.save, fields, [edit.status, edit.pick, edit.versions], **PRIVATE)
+        stats.refresh_btn.click(numbers.table, [stats.days], [stats.table, stats.plot], **PRIVATE)
+        stats.csv_btn.click(numbers.csv, [stats.days], [stats.file], **PRIVATE)
         theme_btn.click(None, js=THEME_TOGGLE)
         wire_live(timer, sampler, model_line, live, allowed=operator.is_operator)
         wire_operator(operator, ops)
@@ -133,6 +171,10 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
                                    elem_id="assistant-max-tokens")
             penalty = gr.Number(None, label="Repetition penalty", minimum=1, maximum=2, elem_id="assistant-penalty")
         model = gr.Textbox(label="Model it is written for (empty: whichever is loaded)", elem_id="assistant-model")
+        quick = gr.Textbox(label=f"Quick replies for customers, one per line (at most {assistants.MAX_QUICK_REPLIES})",
+                           lines=3, elem_id="assistant-quick")
+        canned = gr.Textbox(label="Canned responses for agents, `/shortcut: the response` per line", lines=4,
+                            elem_id="assistant-canned")
         save_btn = gr.Button("Save as a new version", variant="primary", elem_id="assistant-save")
         status = gr.Markdown(elem_id="assistant-status")
         versions = gr.Dataframe(headers=VERSION_COLUMNS, interactive=False, elem_id="assistant-versions")

@@ -108,9 +108,17 @@ class ChatHandlers:
         return (uid, *self.show_session(uid, sid, request))
 
     def greeting(self, request: gr.Request):
-        """On load, the customer chat: the assistant's greeting where the chat is empty, and its name."""
+        """On load, the customer chat: the assistant's greeting and quick replies where the chat is
+        empty, and its name."""
         a = self.assistant(request)
-        return gr.update(placeholder=a["greeting"] or None), f"**{a['name']}**"
+        chips = [{"text": q} for q in a["quick_replies"]] or None
+        return gr.update(placeholder=a["greeting"] or None, examples=chips), f"**{a['name']}**"
+
+    @staticmethod
+    def stage_quick_reply(history, data: gr.SelectData):
+        """A quick-reply chip: its fixed text shows at once and is sent as the customer's message."""
+        value = data.value if isinstance(data.value, dict) else {"text": str(data.value or "")}
+        return ChatHandlers.stage(value.get("text", ""), history)
 
     def open_session(self, uid, sid, request: gr.Request):
         uid = self.who(uid, request)

@@ -1,6 +1,8 @@
 """The handoff inbox in the console: chats waiting for a person, those with one, and those the
 assistant answered lately. Agents (`--agent NAME`) and operators take a chat, see all of it, reply
-(the customer's open tab shows the reply within a second) and hand it back to the assistant."""
+(the customer's open tab shows the reply within a second) and hand it back to the assistant. A
+reply that is exactly one of the assistant's canned shortcuts (`/refund`) is expanded in the box,
+to edit and send."""
 from __future__ import annotations
 
 import time
@@ -68,6 +70,13 @@ class InboxHandlers:
         text = (text or "").strip()
         if not sid or not text:
             return (*self._shown(sid), text) if sid else ([], "", text)
+        canned = self._canned(sid)
+        if text.startswith("/") and " " not in text:
+            if text in canned:
+                gr.Info(f"{text} expanded: edit it if you like, then press Enter to send.")
+                return (*self._shown(sid), canned[text])
+            gr.Warning(f"No canned response {text}; this chat's assistant has: {', '.join(canned) or 'none'}.")
+            return (*self._shown(sid), text)
         if len(text) > MAX_REPLY_CHARS:
             gr.Warning(f"The reply is {len(text)} characters; at most {MAX_REPLY_CHARS}. Nothing was sent.")
             return (*self._shown(sid), text)
@@ -78,10 +87,17 @@ class InboxHandlers:
             return (*self._shown(sid), text)
         return (*self._shown(sid), "")
 
+    def _canned(self, sid: str) -> dict[str, str]:
+        slug = self.handoff.assistant_of(sid)
+        a = self.store.assistant(slug) if slug else None
+        return a["canned"] if a else {}
+
     def _shown(self, sid: str):
         s = self.handoff.state(sid)
         holder = f" ({s['agent']})" if s["agent"] else ""
-        return display(self.handoff.conversation(sid)), f"**{sid}**: {STATE_WORDS[s['state']]}{holder}"
+        shortcuts = ", ".join(f"`{k}`" for k in self._canned(sid))
+        line = f"**{sid}**: {STATE_WORDS[s['state']]}{holder}" + (f" · canned: {shortcuts}" if shortcuts else "")
+        return display(self.handoff.conversation(sid)), line
 
 
 def inbox_panel() -> SimpleNamespace:

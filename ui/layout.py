@@ -242,6 +242,10 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
                                                      concurrency_limit=None, api_name="send"),
                    pane.msg.submit(**stage).then(chat.send, turn_inputs, [pane.chatbot, pane.msg],
                                                  concurrency_limit=None, **PRIVATE)]
+    if not chat.demo:  # quick-reply chips in an empty chat send their fixed text
+        send_events.append(pane.chatbot.example_select(
+            chat.stage_quick_reply, [pane.chatbot], [pane.msg, pane.chatbot, pane.pending], queue=False,
+            **PRIVATE).then(chat.send, turn_inputs, [pane.chatbot, pane.msg], concurrency_limit=None, **PRIVATE))
     for event in send_events:
         marks(event.then(chat.refresh, [user, session], [side.sessions, session, side.title], show_progress="hidden",
                          **PRIVATE))

@@ -93,12 +93,18 @@ def feedback_rows(rated: list[dict]) -> list[dict]:
 
 
 def feedback_csv(rows: list[dict]) -> str:
-    path = write_file("feedback.csv", "")
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, FEEDBACK_FIELDS)
+    return write_csv("feedback.csv", FEEDBACK_FIELDS,
+                     [{**row, "conversation": json.dumps(row["conversation"], ensure_ascii=False)} for row in rows])
+
+
+def write_csv(name: str, fields: list[str], rows: list[dict]) -> str:
+    """A CSV download in UTF-8 with a byte-order mark, so a spreadsheet opens Hangul (and any
+    non-ASCII text) correctly."""
+    path = write_file(name, "")
+    with open(path, "w", newline="", encoding="utf-8-sig") as f:
+        writer = csv.DictWriter(f, fields)
         writer.writeheader()
-        for row in rows:
-            writer.writerow({**row, "conversation": json.dumps(row["conversation"], ensure_ascii=False)})
+        writer.writerows(rows)
     return path
 
 

@@ -1,0 +1,47 @@
+"""Operators' analytics from SQLite, per day and per assistant: chats, turns, handoff rate,
+thumbs-up rate, TTFT median and p95, tokens generated, the prefix cache's share of prompt tokens.
+Two grouped queries over the day range, percentiles in Python. Messages are indexed by time, which
+pays for short ranges only: on 100k messages over 90 days (bench/analytics.py, an AMD EPYC,
+2026-12-03) the 7-day table took 47 ms with it and 67 without, the 30-day one 218 against 181, so
+ranges from INDEX_DAYS on scan instead (`+m.created` keeps SQLite off the index)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+INDEX_DAYS = 14
+COLUMNS = ["day", "assistant", "chats", "turns", "handoff rate", "thumbs-up rate", "TTFT p50 (ms)", "TTFT p95 (ms)",
+           "tokens generated", "cached share of prompt tokens"]
+
+
+def daily(store, days: int = 30, now: float | None = None) -> list[dict]:
+    """One row per (day, assistant) with activity in the last `days` days, newest day first."""
+    since = (now or time.time()) - days * 86400
+    created = "m.created" if days < INDEX_DAYS else "+m.created"
+    with store._db() as db:
+        groups = {(r["day"], r["assistant"]): dict(r) for r in db.query(
+            "select date(m.created, 'unixepoch', 'localtime') as day, coalesce(s.assistant, '') as assistant, "
+            "count(distinct m.session_id) as chats, sum(m.role = 'user') as turns, "
+            "sum(m.feedback = 1) as up, sum(m.feedback is not null) as rated, "
+            "sum(coalesce(m.generated_tokens, 0)) as generated, sum(coalesce(m.prompt_tokens, 0)) as prompt, "
+            "sum(coalesce(m.cached_tokens, 0)) as cached, "
+            "count(distinct case when s.handoff_at is not null and date(s.handoff_at, 'unixepoch', 'localtime') = "
+            "date(m.created, 'unixepoch', 'localtime') then s.id end) as handoffs "
+            f"from messages m join sessions s on s.id = m.session_id where {created} >= ? and m.replaced is null "
+            "group by day, assistant", [since])}
+        ttfts: dict[tuple, list[float]] = {}
+        for r in db.query("select date(m.created, 'unixepoch', 'localtime') as day, coalesce(s.assistant, '') as a, "
+                          f"m.ttft from messages m join sessions s on s.id = m.session_id where {created} >= ? and "
+                          "m.role = 'assistant' and m.ttft is not null", [since]):
+            ttfts.setdefault((r["day"], r["a"]), []).append(r["ttft"])
+    rows = []
+    for key in sorted(groups, key=lambda k: (k[0], k[1]), reverse=True):
+        g, times = groups[key], sorted(ttfts.get(key, []))
+        rows.append({"day": g["day"], "assistant": g["assistant"], "chats": g["chats"], "turns": g["turns"],
+                     "handoff rate": round(g["handoffs"] / g["chats"], 3) if g["chats"] else 0.0,
+                     "thumbs-up rate": round(g["up"] / g["rated"], 3) if g["rated"] else None,
+                     "TTFT p50 (ms)": round(1000 * statistics.median(times)) if times else None,
+                     "TTFT p95 (ms)": round(1000 * times[min(len(times) - 1, int(0.95 * len(times)))]) if times else None,
+                     "tokens generated": g["generated"],
+                     "cached share of prompt tokens": round(g["cached"] / g["prompt"], 3) if g["prompt"] else None})
+    return rows

@@ -1,5 +1,6 @@
 """The operators' analytics on a large store: 100k messages over 90 days and 3 assistants, the
 7-, 30- and 90-day tables timed with the messages' time index and without it (dropped), in one process.
+(storage/analytics.py uses the index below INDEX_DAYS only, so from there both columns scan.)
 
     python -m bench.analytics [--messages 100000]
 """

@@ -88,10 +88,11 @@ def build_app(args: argparse.Namespace):
 
     from fastapi.responses import RedirectResponse
 
-    from server.middleware import FrameAncestorsMiddleware, KnownAssistantsMiddleware
+    from server.middleware import FrameAncestorsMiddleware, KnownAssistantsMiddleware, LanguageCookieMiddleware
     from server.routes import create_app
     from ui import assistants
     from ui.console import build_console
+    from ui.i18n import I18N, LANG_COOKIE, LANGUAGES
     from ui.layout import build_customer_ui, build_ui
 
     store = Store(args.db)
@@ -111,10 +112,11 @@ def build_app(args: argparse.Namespace):
     api.add_middleware(KnownAssistantsMiddleware, known=lambda slug: store.assistant(slug) is not None,
                        default=assistants.DEFAULT_SLUG)
     api.add_middleware(FrameAncestorsMiddleware, origins=args.frame_ancestors)
+    api.add_middleware(LanguageCookieMiddleware, cookie=LANG_COOKIE, languages=LANGUAGES)
     models, salted = model_choices(config, args.models), args.cache_isolation == "user"
     mount = dict(auth=login(credentials), footer_links=[], run_history=False)
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted)
-    app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", **mount)
+    app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N, **mount)
     console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials,
                             agents=frozenset(args.agent))
     app = gr.mount_gradio_app(app, console, path="/console", **mount)

@@ -153,3 +153,53 @@ class KnownAssistantsMiddleware:
                     "headers": [(b"content-type", b"text/html; charset=utf-8"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+class LanguageCookieMiddleware:
+    """The page's language switch: a `pagedchat_lang` cookie (en or ko) becomes the request's
+    Accept-Language, which the chat's own messages follow, and a page's navigator.language, which
+    Gradio's translations follow (a script put first in the page's head, before Gradio starts)."""
+
+    def __init__(self, app, cookie: str, languages: tuple[str, ...]) -> None:
+        self.app, self.cookie, self.languages = app, cookie, languages
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        jar = SimpleCookie()
+        for name, value in scope["headers"]:
+            if name == b"cookie":
+                try:
+                    jar.load(value.decode("latin-1"))
+                except Exception:  # noqa: BLE001 - a malformed cookie header counts as none
+                    pass
+        chosen = jar[self.cookie].value if self.cookie in jar else None
+        if chosen not in self.languages:
+            return await self.app(scope, receive, send)
+        headers = [(k, v) for k, v in scope["headers"] if k != b"accept-language"]
+        scope = {**scope, "headers": [*headers, (b"accept-language", chosen.encode())]}
+        if scope["type"] != "http" or scope["method"] != "GET":
+            return await self.app(scope, receive, send)
+        script = (f"<script>Object.defineProperty(navigator,'language',{{get:()=>'{chosen}'}});"
+                  f"Object.defineProperty(navigator,'languages',{{get:()=>['{chosen}']}});</script>").encode()
+        start, chunks = None, []
+
+        async def send_with_script(message):
+            nonlocal start
+            if message["type"] == "http.response.start":
+                kind = dict(message.get("headers", [])).get(b"content-type", b"")
+                if not kind.startswith(b"text/html"):
+                    return await send(message)
+                start = message
+                return None
+            if start is None:
+                return await send(message)
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return None
+            body = b"".join(chunks).replace(b"<head>", b"<head>" + script, 1)
+            headers = [(k, v) for k, v in start.get("headers", []) if k != b"content-length"]
+            await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, send_with_script)

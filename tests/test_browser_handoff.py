@@ -37,12 +37,13 @@ def chromium():
         browser.close()
 
 
-def logged_in(chromium, url: str, name: str, password: str, **viewport):
-    page = chromium.new_context(viewport=viewport or {"width": 1400, "height": 1000}).new_page()
+def logged_in(chromium, url: str, name: str, password: str, locale: str = "en-US", **viewport):
+    page = chromium.new_context(viewport=viewport or {"width": 1400, "height": 1000}, locale=locale).new_page()
     page.set_default_timeout(120_000)
     page.goto(url)
-    page.get_by_label("username").fill(name)
-    page.get_by_label("password").fill(password)
+    page.locator("input[type=password]").wait_for()  # the login form (its labels are in the page's language)
+    page.locator("input:not([type=password])").first.fill(name)
+    page.locator("input[type=password]").fill(password)
     page.keyboard.press("Enter")
     return page
 
@@ -90,4 +91,25 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
     customer.locator("#msg textarea").click()
     customer.keyboard.type("Thanks! How long does the refund take?")
     customer.keyboard.press("Enter")
-    expect(customer.locator("#chatbot [data-testid='bot']").last).to_contain_text("generated")  # the model again
+    expect(customer.locator("#chatbot [data-testid='bot']")).to_have_count(2)  # the model answers again
+    expect(customer.locator("#chatbot [data-testid='bot']").last).not_to_contain_text("typing")
+
+
+def test_the_korean_page_works_end_to_end_and_switches_to_english(shop, chromium):
+    from playwright.sync_api import expect
+
+    page = logged_in(chromium, f"{shop.url}/chat/support/", "cara", "pw-c", locale="ko-KR", width=390, height=844)
+    expect(page.locator("#send")).to_have_text("보내기")
+    expect(page.locator("#talk-to-person")).to_have_text("상담원 연결")
+    page.locator("#msg textarea").click()
+    page.keyboard.type("텐트가 찢어져서 왔어요")
+    page.keyboard.press("Enter")
+    expect(page.locator("#chatbot [data-testid='bot']").last).to_be_visible()  # the assistant answered
+    expect(page.locator("#chatbot [data-testid='user']").last).to_contain_text("텐트가 찢어져서 왔어요")
+    page.locator("#talk-to-person").click()
+    expect(page.locator("#person-status")).to_contain_text("대기 순서")
+    if SCREENSHOT_DIR:
+        page.screenshot(path=os.path.join(SCREENSHOT_DIR, "customer-korean.png"))
+    page.locator("#language").click()  # the switch: English, remembered
+    expect(page.locator("#send")).to_have_text("Send")
+    expect(page.locator("#person-status")).to_contain_text("in line")

@@ -67,7 +67,7 @@ def test_an_agent_takes_replies_and_hands_back(shop):
     chat, _, box = shop.inbox.reply(sid, "Sorry about the tent, I have sent a return label.", agent("alex"))
     assert box == "" and "return label" in chat[-1]["content"]
     shown, status, timer, seen = shop.chat.poll(uid, sid, 1, customer("cara"))
-    assert "return label" in shown[-1]["content"] and "alex, a person from our team" in shown[-1]["content"]
+    assert "return label" in shown[-1]["content"] and "👤 alex" in shown[-1]["content"]
     assert "chatting with **alex**" in status["value"] and timer.active and seen == 2
     assert shop.chat.poll(uid, sid, seen, customer("cara"))[0] == gr.update()  # nothing new: no re-render
     shop.inbox.hand_back(sid, agent("alex"))

@@ -66,6 +66,15 @@ def display(messages: list[dict]) -> list[dict]:
                                                            else user_footer(m))} for m in messages]
 
 
+def customer_display(messages: list[dict]) -> list[dict]:
+    """The customer chat's view: each message with its time only (and the person who wrote a reply,
+    if one did); no engine figures, and nothing in words, so it reads the same in any language."""
+    def footer(m: dict) -> str:
+        person = author_name(m) if m["role"] == "assistant" else None
+        return f"\n\n<sub>{stamp(m)}{f' · 👤 {person}' if person else ''}</sub>"
+    return [{"role": m["role"], "content": m["content"] + footer(m)} for m in messages]
+
+
 FOOTER = re.compile(r"\n\n<sub>.*</sub>\s*$", re.S)
 
 
@@ -85,9 +94,11 @@ class ChatService:
     """Everything a chat event needs: the engine client, the store, the active requests per tab."""
 
     def __init__(self, client: EngineClient, store, limiter: UserLimiter | None = None,
-                 salt_by_user: bool = False) -> None:
+                 salt_by_user: bool = False, render=display) -> None:
         """limiter: the per-user cap shared with the API. salt_by_user: each user's turns reuse only
-        their own cached prefixes (cache_salt = the user)."""
+        their own cached prefixes (cache_salt = the user). render: stored messages -> what the
+        chatbot shows (display, or customer_display)."""
+        self.render = render
         self.client = client
         self.store = store
         self.limiter = limiter or UserLimiter(0)
@@ -142,7 +153,7 @@ class ChatService:
             if len(history) == 0 and session["title"] == "New chat":
                 self.store.update_session(user, session_id, title=text[:40])
             shown = self.store.messages(user, session_id)
-            yield display(shown) + [TYPING], False  # the message shows at once; the reply streams under it
+            yield self.render(shown) + [TYPING], False  # the message shows at once; the reply streams under it
         request_id = f"chat-{uuid.uuid4().hex[:12]}"
         reply = ReplyWriter(self.store, user, session_id, prompt_ids, model)
         self.active.setdefault(tab, set()).add(request_id)
@@ -152,7 +163,7 @@ class ChatService:
             async with contextlib.aclosing(stream):  # leaving early aborts the engine request
                 async for out in stream:
                     reply.save(out, "streaming")
-                    yield display(shown) + [{"role": "assistant", "content": out.outputs[0].text}], False
+                    yield self.render(shown) + [{"role": "assistant", "content": out.outputs[0].text}], False
         except (ValueError, EngineDeadError, EngineOverloadedError) as e:
             if reply.last is None:
                 if not regenerate:  # refused at admission: the text stays in the box, unsent
@@ -168,7 +179,7 @@ class ChatService:
         finally:
             self.active.get(tab, set()).discard(request_id)
         reply.finish(reply.last.outputs[0].finish_reason if reply.last else None)
-        yield display(self.store.messages(user, session_id)), True
+        yield self.render(self.store.messages(user, session_id)), True
 
     @staticmethod
     def _limit(info, params: SamplingParams) -> int:

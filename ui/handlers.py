@@ -18,7 +18,8 @@ from server.limits import TooManyRequestsError, UserLimiter
 from storage.handoff import Handoff
 from ui import assistants, transfer
 from ui.assistants import CHAT_REPETITION_PENALTY
-from ui.chat import TYPING, ChatService, ReplyCut, display, feedback_values, plain_text
+from ui.i18n import say
+from ui.chat import TYPING, ChatService, ReplyCut, customer_display, display, feedback_values, plain_text
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError)  # shown as a warning
 # What a customer types to ask for a person (lowercased, contained anywhere in the message).
@@ -41,7 +42,8 @@ class ChatHandlers:
         self.store = store
         self.visitors = visitors
         self.demo = demo
-        self.service = ChatService(client, store, limiter, salt_by_user)
+        self.display = display if demo else customer_display
+        self.service = ChatService(client, store, limiter, salt_by_user, self.display)
         self.handoff = Handoff(store)
         assistants.ensure_default(store)
 
@@ -95,7 +97,9 @@ class ChatHandlers:
 
     def session_choices(self, uid: str, request: gr.Request | None = None, query: str = "") -> list[tuple[str, str]]:
         here = None if self.demo else self.assistant_slug(request)
-        return [(s["title"] or "Untitled", s["id"]) for s in self.store.sessions(uid, query, assistant=here)]
+        default = "New chat" if self.demo else say(request, "new_chat")  # stored as "New chat" until named
+        return [({"New chat": default}.get(s["title"], s["title"]) or "Untitled", s["id"])
+                for s in self.store.sessions(uid, query, assistant=here)]
 
     def _system(self, session: dict) -> tuple:
         """The system prompt as a page output: the demo page shows it; the customer chat has no such output."""
@@ -125,7 +129,7 @@ class ChatHandlers:
         if not self._owned_here(uid, sid, request):
             return (gr.update(),) * (4 if self.demo else 3)
         s = self.store.session(uid, sid)
-        return (sid, display(self.store.messages(uid, sid)), *self._system(s), s["title"])
+        return (sid, self.display(self.store.messages(uid, sid)), *self._system(s), s["title"])
 
     def new_chat(self, uid, system_text=None, request: gr.Request = None):
         uid = self.who(uid, request)
@@ -152,14 +156,14 @@ class ChatHandlers:
         """(sessions list, session, chatbot, [system prompt,] title) showing one of the user's sessions."""
         s = self.store.session(uid, sid)
         return (gr.update(choices=self.session_choices(uid, request), value=sid), sid,
-                display(self.store.messages(uid, sid)), *self._system(s), s["title"])
+                self.display(self.store.messages(uid, sid)), *self._system(s), s["title"])
 
     def find(self, uid, query, request: gr.Request):
         return gr.update(choices=self.session_choices(self.who(uid, request), request, query))
 
     def save_system(self, uid, sid, text, request: gr.Request):
         if not self.demo:
-            raise gr.Error("The assistant's instructions are set by the shop's operators.")
+            raise gr.Error(say(request, "set_by_shop"))
         uid, sid = self.current(uid, sid, request)
         self.store.update_session(uid, sid, system_prompt=text)
         gr.Info("System prompt saved for this chat.")
@@ -174,7 +178,7 @@ class ChatHandlers:
         """After the user confirmed: every chat of theirs goes; they get a fresh one."""
         uid = self.who(uid, request)
         gone = self.store.delete_all_sessions(uid)
-        gr.Info(f"Deleted {gone} chat(s).")
+        gr.Info(say(request, "deleted", n=gone))
         return (*self.show_session(*self.current(uid, None, request), request), gr.update(visible=False))
 
     # ---- sampling -----------------------------------------------------------------------
@@ -226,7 +230,7 @@ class ChatHandlers:
         if not self.demo and (self.handoff.state(sid)["state"] != "assistant" or wants_person(text)):
             self.store.add_message(uid, sid, "user", text, [])
             self.handoff.ask(sid)
-            yield display(self.store.messages(uid, sid)), ""
+            yield self.display(self.store.messages(uid, sid)), ""
             return
         try:
             params = self._params(uid, sid, (temp, p, max_new, penalty))
@@ -237,14 +241,14 @@ class ChatHandlers:
         except REFUSALS as e:
             gr.Warning(str(e))
             sent = isinstance(e, ReplyCut)  # else unsent: the message goes back into the box, as typed
-            yield display(self.store.messages(uid, sid)), "" if sent else raw
+            yield self.display(self.store.messages(uid, sid)), "" if sent else raw
 
     async def regenerate(self, uid, sid, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
         uid, sid = self.current(uid, sid, request)
         history = self.store.messages(uid, sid)
         if self.handoff.state(sid)["state"] != "assistant":
-            gr.Warning("A person is looking after this chat: the assistant does not answer until they hand it back.")
-            yield display(history)
+            gr.Warning(say(request, "person_busy"))
+            yield self.display(history)
             return
         if history and history[-1]["role"] == "assistant":
             self.store.delete_messages_from(uid, sid, history[-1]["id"])
@@ -256,7 +260,7 @@ class ChatHandlers:
                     yield messages
         except REFUSALS as e:
             gr.Warning(str(e))
-            yield display(self.store.messages(uid, sid))
+            yield self.display(self.store.messages(uid, sid))
 
     async def edit_from_here(self, uid, sid, temp=None, p=None, max_new=None, penalty=None,
                              data: gr.EditData = None, request: gr.Request = None):
@@ -266,12 +270,12 @@ class ChatHandlers:
         messages = self.store.messages(uid, sid)
         index = data.index if isinstance(data.index, int) else data.index[0]
         if self.handoff.state(sid)["state"] != "assistant":
-            gr.Warning("A person is looking after this chat: send a new message instead of editing.")
-            yield display(messages), gr.update()
+            gr.Warning(say(request, "no_edit_with_person"))
+            yield self.display(messages), gr.update()
             return
         if not 0 <= index < len(messages) or messages[index]["role"] != "user":
-            gr.Warning("Only your own messages can be edited.")
-            yield display(messages), gr.update()
+            gr.Warning(say(request, "own_messages"))
+            yield self.display(messages), gr.update()
             return
         self.store.branch_from(uid, sid, messages[index]["id"])
         async for update in self.send(uid, sid, plain_text(data.value), temp, p, max_new, penalty, request):
@@ -290,10 +294,9 @@ class ChatHandlers:
         uid, sid = self.current(uid, sid, request)
         s = self.handoff.state(sid)
         if s["state"] == "waiting":
-            line = (f"Waiting for a person: you are number {s['place']} in line. They will see this whole chat; "
-                    f"the assistant does not answer meanwhile.")
+            line = say(request, "waiting", place=s["place"])
         elif s["state"] == "agent":
-            line = f"You are chatting with **{s['agent']}**, a person from our team."
+            line = say(request, "with_agent", agent=s["agent"])
         else:
             line = ""
         return gr.update(value=line, visible=bool(line)), gr.Timer(active=s["state"] != "assistant")
@@ -305,7 +308,7 @@ class ChatHandlers:
         messages = self.store.messages(uid, sid)
         status, timer = self.person_status(uid, sid, request)
         changed = len(messages) != seen
-        return (display(messages) if changed else gr.update()), status, timer, len(messages)
+        return (self.display(messages) if changed else gr.update()), status, timer, len(messages)
 
     # ---- feedback -----------------------------------------------------------------------
     def rate(self, uid, sid, data: gr.LikeData, request: gr.Request):
@@ -325,7 +328,7 @@ class ChatHandlers:
             rated = next((m for m in self.store.messages(uid, sid) if m["id"] == message_id), None)
             if rated is not None:
                 self.store.set_feedback(uid, sid, message_id, rated["feedback"], text.strip()[:2000])
-                gr.Info("Thanks for the feedback.")
+                gr.Info(say(request, "thanks"))
         return "", gr.update(visible=False)
 
     # ---- export and import --------------------------------------------------------------
@@ -355,7 +358,7 @@ class ChatHandlers:
         try:
             chat = transfer.read_chat(path)
         except (ValueError, OSError) as e:
-            gr.Warning(f"Could not import that file: {e}")
+            gr.Warning(say(request, "import_failed", why=e))
             return (gr.update(),) * (5 if self.demo else 4)
         messages = chat["messages"]
         if self.demo:
@@ -365,7 +368,7 @@ class ChatHandlers:
             prompt, where = a["system_prompt"], {"assistant": a["assistant"], "assistant_version": a["version"]}
             messages = [{**m, "token_ids": []} for m in messages]
         sid = self.store.import_session(uid, chat["title"], prompt, messages, **where)
-        gr.Info(f"Imported \"{chat['title']}\" as a new chat.")
+        gr.Info(say(request, "imported", title=chat["title"]))
         return self.show_session(uid, sid, request)
 
     def tab_closed(self, request: gr.Request) -> None:

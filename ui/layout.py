@@ -13,6 +13,7 @@ from server.auth import Credentials, VisitorCookie
 from server.limits import UserLimiter
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.handlers import ChatHandlers
+from ui.i18n import SWITCH_JS, TEXT, text
 from ui.operator import FEEDBACK_COLUMNS, OperatorHandlers
 from ui.panel import PanelSampler, page_map_html
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
@@ -27,6 +28,7 @@ ON_LOAD = """() => {
   const sidebar = document.querySelector('.sidebar.open');
   if (sidebar && window.innerWidth < 768) sidebar.querySelector('button[aria-label="Toggle Sidebar"]').click();
 }"""
+ENGLISH = TEXT["en"].__getitem__  # the demo page's words
 PLOT_TITLES = ("Requests and preemptions", "Tokens per step", "Generated tok/s", "Prefix-cache hit rate",
                "Memory (MiB)")  # one per panel.PLOTS entry
 
@@ -72,11 +74,13 @@ def build_customer_ui(client: EngineClient, store, *, limiter: UserLimiter, visi
     chat = ChatHandlers(client, store, visitors, limiter, salt_by_user, demo=False)
     with gr.Blocks(title="Chat", analytics_enabled=False) as page:
         state = SimpleNamespace(user=gr.State(None), session=gr.State(None), rated=gr.State(None))
-        side = chats_sidebar()
+        side = chats_sidebar(text)
         with gr.Row():
             header = SimpleNamespace(title=gr.Markdown(elem_id="assistant-name"),
-                                     theme_btn=gr.Button("Light / dark", size="sm", scale=0, elem_id="theme-toggle"))
-        pane = chat_pane(demo=False)
+                                     language_btn=gr.Button(text("language"), size="sm", scale=0, elem_id="language"),
+                                     theme_btn=gr.Button(text("theme"), size="sm", scale=0, elem_id="theme-toggle"))
+        pane = chat_pane(demo=False, t=text)
+        header.language_btn.click(None, js=SWITCH_JS)
         page.load(chat.greeting, None, [pane.chatbot, header.title], **PRIVATE)
         started = wire_sessions(page, chat, state, side, pane, header)
         sent = wire_turns(page, chat, state, side, pane)
@@ -85,51 +89,52 @@ def build_customer_ui(client: EngineClient, store, *, limiter: UserLimiter, visi
 
 
 # ---- the panels: components only ------------------------------------------------------------
-def chats_sidebar() -> SimpleNamespace:
-    """New chat, search, the list of chats, rename / delete, export / import / delete all."""
-    with gr.Sidebar(label="Chats", open=True):
-        new_btn = gr.Button("New chat", variant="primary", elem_id="new-chat")
-        search = gr.Textbox(placeholder="Search chats", show_label=False, elem_id="search")
-        sessions = gr.Radio(choices=[], label="Your chats", elem_id="sessions")
-        title = gr.Textbox(label="Title", elem_id="title")
+def chats_sidebar(t=ENGLISH) -> SimpleNamespace:
+    """New chat, search, the list of chats, rename / delete, export / import / delete all. `t`: key ->
+    text (i18n.text on the customer chat)."""
+    with gr.Sidebar(label=t("chats"), open=True):
+        new_btn = gr.Button(t("new_chat"), variant="primary", elem_id="new-chat")
+        search = gr.Textbox(placeholder=t("search"), show_label=False, elem_id="search")
+        sessions = gr.Radio(choices=[], label=t("your_chats"), elem_id="sessions")
+        title = gr.Textbox(label=t("title"), elem_id="title")
         with gr.Row():
-            rename_btn = gr.Button("Rename", size="sm", elem_id="rename")
-            delete_btn = gr.Button("Delete", size="sm", variant="stop", elem_id="delete")
-        with gr.Accordion("Export, import", open=False, elem_id="transfer"):
+            rename_btn = gr.Button(t("rename"), size="sm", elem_id="rename")
+            delete_btn = gr.Button(t("delete"), size="sm", variant="stop", elem_id="delete")
+        with gr.Accordion(t("transfer"), open=False, elem_id="transfer"):
             with gr.Row():
-                export_md_btn = gr.Button("Export Markdown", size="sm", elem_id="export-md")
-                export_json_btn = gr.Button("Export JSON", size="sm", elem_id="export-json")
-            export_file = gr.File(label="Download", interactive=False, elem_id="export-file")
-            import_btn = gr.UploadButton("Import a chat (JSON)", file_types=[".json"], size="sm", elem_id="import")
-            delete_all_btn = gr.Button("Delete all my chats", size="sm", variant="stop", elem_id="delete-all")
+                export_md_btn = gr.Button(t("export_md"), size="sm", elem_id="export-md")
+                export_json_btn = gr.Button(t("export_json"), size="sm", elem_id="export-json")
+            export_file = gr.File(label=t("download"), interactive=False, elem_id="export-file")
+            import_btn = gr.UploadButton(t("import"), file_types=[".json"], size="sm", elem_id="import")
+            delete_all_btn = gr.Button(t("delete_all"), size="sm", variant="stop", elem_id="delete-all")
             with gr.Row(visible=False, elem_id="confirm-delete-all") as confirm_row:
-                gr.Markdown("Delete **every** chat of yours? This cannot be undone.")
-                confirm_yes = gr.Button("Yes, delete all", size="sm", variant="stop", elem_id="confirm-yes")
-                confirm_no = gr.Button("Cancel", size="sm", elem_id="confirm-no")
+                gr.Markdown(t("confirm_delete_all"))
+                confirm_yes = gr.Button(t("confirm_yes"), size="sm", variant="stop", elem_id="confirm-yes")
+                confirm_no = gr.Button(t("cancel"), size="sm", elem_id="confirm-no")
     return SimpleNamespace(**locals())
 
 
-def chat_pane(demo: bool = True) -> SimpleNamespace:
+def chat_pane(demo: bool = True, t=ENGLISH) -> SimpleNamespace:
     """The conversation, feedback, the input and its buttons; on the demo page also a chat's system
     prompt and sampling."""
     chatbot = gr.Chatbot(elem_id="chatbot", height=520, sanitize_html=True, buttons=["copy"],
                          editable="user", feedback_options=("Like", "Dislike"),
                          placeholder="Ask the support assistant anything.")
     with gr.Row(visible=False, elem_id="comment-row") as comment_row:
-        comment_box = gr.Textbox(placeholder="What was good or wrong about this reply? (optional)",
+        comment_box = gr.Textbox(placeholder=t("comment"),
                                  show_label=False, scale=4, elem_id="comment")
-        comment_btn = gr.Button("Send feedback", size="sm", scale=1, elem_id="send-comment")
+        comment_btn = gr.Button(t("send_feedback"), size="sm", scale=1, elem_id="send-comment")
     if not demo:  # where the chat stands with a person, just above the input
         status = gr.Markdown(visible=False, elem_id="person-status")
-    msg = gr.Textbox(placeholder="Type a message · Enter sends · Shift+Enter starts a new line",
+    msg = gr.Textbox(placeholder=t("message"),
                      show_label=False, elem_id="msg", lines=1, max_lines=8, autofocus=True, submit_btn=False)
     pending = gr.Textbox(visible=False)  # the staged message, between showing it and sending it
     with gr.Row():
-        send_btn = gr.Button("Send", variant="primary", elem_id="send")
-        stop_btn = gr.Button("Stop", elem_id="stop")
-        regen_btn = gr.Button("Regenerate", elem_id="regenerate")
+        send_btn = gr.Button(t("send"), variant="primary", elem_id="send")
+        stop_btn = gr.Button(t("stop"), elem_id="stop")
+        regen_btn = gr.Button(t("regenerate"), elem_id="regenerate")
     if not demo:
-        person_btn = gr.Button("Talk to a person", size="sm", elem_id="talk-to-person")
+        person_btn = gr.Button(t("person"), size="sm", elem_id="talk-to-person")
         poll = gr.Timer(1.0, active=False)  # runs while a person is involved: their replies show by themselves
         seen = gr.State(0)  # messages the tab shows, so a poll re-renders only when one came
         return SimpleNamespace(**locals())
@@ -269,11 +274,12 @@ def wire_person(chat: ChatHandlers, state: SimpleNamespace, side: SimpleNamespac
     agent's replies in the open tab. `after`: the page's first load (a chat still waiting after a
     restart shows it) and the send events (a message may have asked for a person)."""
     who, status = [state.user, state.session], [pane.status, pane.poll]
-    pane.person_btn.click(chat.ask_person, who, status)
+    quiet = dict(show_progress="hidden")
+    pane.person_btn.click(chat.ask_person, who, status, **quiet)
     for event in after:
-        event.then(chat.person_status, who, status, **PRIVATE)
+        event.then(chat.person_status, who, status, **quiet, **PRIVATE)
     for trigger in (side.sessions.input, side.new_btn.click):
-        trigger(chat.person_status, who, status, **PRIVATE)
+        trigger(chat.person_status, who, status, **quiet, **PRIVATE)
     pane.poll.tick(chat.poll, [*who, pane.seen], [pane.chatbot, *status, pane.seen], show_progress="hidden",
                    **PRIVATE)
 

@@ -3,6 +3,7 @@ for a snapshot once a second, whatever the number of viewers), and the HTML / pl
 from __future__ import annotations
 
 import colorsys
+import functools
 import hashlib
 import html
 import threading
@@ -140,13 +141,28 @@ def disk_line(s: dict) -> str:
             + "</div>")
 
 
+SAMPLES = {"English": "Your order will arrive tomorrow. Refunds take five to seven business days after the "
+                      "return arrives.",
+           "Korean": "주문하신 상품은 내일 도착할 예정입니다. 환불은 반품이 도착한 뒤 영업일 기준 5~7일 걸립니다."}
+
+
+@functools.lru_cache(maxsize=8)
+def tokens_per_char(tokenizer) -> dict[str, float]:
+    """Tokens per character of the same customer-service sentence in English and Korean: a model
+    whose tokenizer spends several tokens on each Hangul syllable is that much slower (and its
+    context that much shorter) for Korean."""
+    return {lang: len(tokenizer.encode(text, add_special_tokens=False)) / len(text) for lang, text in SAMPLES.items()}
+
+
 def model_line(client: EngineClient) -> str:
-    """Which model answers, always in view: name, quantization, device, dtype."""
+    """Which model answers, always in view: name, quantization, device, dtype, tokens per character."""
     info = client.info
     if info is None:
         return f"Model: loading… {html.escape(client.error or '')}"
+    ratios = " · ".join(f"{lang} {r:.2f}" for lang, r in tokens_per_char(info.tokenizer).items())
     return (f"Model <b id='model-name'>{html.escape(info.name)}</b> · quantization {html.escape(info.quantization)}"
-            f" · {html.escape(info.device)} · {html.escape(info.dtype)}")
+            f" · {html.escape(info.device)} · {html.escape(info.dtype)}"
+            f" · <span id='tokens-per-char'>tokens per character: {ratios}</span>")
 
 
 def remote_html(client: EngineClient) -> str:

@@ -1,0 +1,82 @@
+"""Hangul end to end: a syllable is three UTF-8 bytes, and SmolLM2's byte-level tokenizer splits
+many of them across tokens; none may be split or lost while streaming, stored, searched or exported."""
+import asyncio
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from engine.detokenizer import IncrementalDetokenizer
+from storage import Store
+from tests.fakes import FakeEngineClient
+from ui.handlers import ChatHandlers
+from ui.transfer import chat_markdown
+
+TEXT = "안녕하세요, 주문하신 텐트는 내일 도착합니다. 환불은 영업일 기준 5~7일 걸립니다."
+
+
+def test_streaming_hangul_token_by_token_never_splits_a_syllable(smol_tokenizer):
+    ids = smol_tokenizer.encode(TEXT, add_special_tokens=False)
+    pieces = [smol_tokenizer.decode([t]) for t in ids]
+    assert any("\ufffd" in p for p in pieces)  # the test means something: some tokens are half a syllable
+    detok = IncrementalDetokenizer(smol_tokenizer, smol_tokenizer.encode("Reply:"), True, [], False)
+    deltas = []
+    for t in ids:
+        detok.add(t)
+        deltas.append(detok.take_delta(False))
+    deltas.append(detok.take_delta(True))
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == TEXT
+
+
+def test_a_korean_chat_is_stored_searched_and_exported_intact(smol_tokenizer, tmp_path):
+    req = SimpleNamespace(username="minji", session_hash="t", request=SimpleNamespace(path_params={"assistant": "support"}),
+                          headers={"accept-language": "ko-KR,ko;q=0.9"}, cookies={})
+    fake = FakeEngineClient(smol_tokenizer, reply=TEXT)
+    chat = ChatHandlers(fake, Store(str(tmp_path / "c.db")), demo=False)
+    uid, sid = chat.current(None, None, req)
+
+    async def drain():
+        return [u async for u in chat.send(uid, sid, "텐트 배송 언제 와요?", request=req)]
+    asyncio.run(drain())
+    messages = chat.store.messages(uid, sid)
+    assert messages[0]["content"] == "텐트 배송 언제 와요?" and messages[1]["content"] == TEXT
+    assert chat.store.session(uid, sid)["title"] == "텐트 배송 언제 와요?"
+    assert [s["id"] for s in chat.store.sessions(uid, "환불")] == [sid]  # found by a word of the reply
+    exported = json.loads(open(chat.export_json(uid, sid, req), encoding="utf-8").read())
+    assert exported["messages"][1]["content"] == TEXT
+    assert TEXT in chat_markdown(chat.store.session(uid, sid), messages)
+    assert "대기 순서 1번" in chat.ask_person(uid, sid, req)[0]["value"]  # the status line in Korean
+
+
+@pytest.mark.e2e
+def test_hangul_streams_whole_through_the_sse_api(tiny_chat_model):
+    """A choice constraint makes the tiny random model say exactly TEXT; the SSE deltas rebuild it
+    with no replacement character."""
+    import httpx
+
+    from engine import EngineConfig
+    from engine.async_llm import AsyncLLM
+    from tests.serving import LiveServer
+
+    llm = AsyncLLM(EngineConfig(model=tiny_chat_model, dtype="float32", num_kv_blocks=64))
+    with LiveServer(llm) as server:
+        body = {"model": llm.info.name, "messages": [{"role": "user", "content": "배송 문의"}], "stream": True,
+                "max_tokens": 200, "structured_outputs": {"choice": [TEXT]}}
+        deltas = []
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    for choice in json.loads(line[6:])["choices"]:
+                        deltas.append(choice["delta"].get("content") or "")
+    assert len([d for d in deltas if d]) > 3 and all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == TEXT
+
+
+def test_the_panel_shows_what_korean_costs_in_tokens(smol_tokenizer):
+    from ui.panel import model_line
+
+    line = model_line(FakeEngineClient(smol_tokenizer))
+    ratios = {lang: float(value) for lang, value in
+              (part.split() for part in line.split("tokens per character: ")[1].split("<")[0].split(" · "))}
+    assert ratios["Korean"] > 4 * ratios["English"]  # SmolLM2's byte-level BPE: ~2 tokens a syllable

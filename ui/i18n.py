@@ -1,0 +1,92 @@
+"""The customer chat in English and Korean. Component text goes through gr.I18n, which takes the
+request's Accept-Language; what the server says (status lines, notices) through `say`, in the
+same language. The page's switch sets the `pagedchat_lang` cookie, which
+server.middleware.LanguageCookieMiddleware turns into that request's Accept-Language."""
+from __future__ import annotations
+
+import gradio as gr
+
+LANG_COOKIE = "pagedchat_lang"
+LANGUAGES = ("en", "ko")
+
+TEXT = {
+    "en": {
+        "chats": "Chats", "new_chat": "New chat", "search": "Search chats", "your_chats": "Your chats",
+        "title": "Title", "rename": "Rename", "delete": "Delete", "transfer": "Export, import",
+        "export_md": "Export Markdown", "export_json": "Export JSON", "download": "Download",
+        "import": "Import a chat (JSON)", "delete_all": "Delete all my chats",
+        "confirm_delete_all": "Delete **every** chat of yours? This cannot be undone.",
+        "confirm_yes": "Yes, delete all", "cancel": "Cancel", "theme": "Light / dark", "language": "한국어",
+        "comment": "What was good or wrong about this reply? (optional)", "send_feedback": "Send feedback",
+        "message": "Type a message · Enter sends · Shift+Enter starts a new line", "send": "Send", "stop": "Stop",
+        "regenerate": "Regenerate", "person": "Talk to a person",
+    },
+    "ko": {
+        "chats": "대화", "new_chat": "새 대화", "search": "대화 검색", "your_chats": "내 대화", "title": "제목",
+        "rename": "이름 바꾸기", "delete": "삭제", "transfer": "내보내기, 가져오기", "export_md": "Markdown으로 내보내기",
+        "export_json": "JSON으로 내보내기", "download": "다운로드", "import": "대화 가져오기 (JSON)",
+        "delete_all": "내 대화 모두 삭제", "confirm_delete_all": "내 대화를 **모두** 삭제할까요? 되돌릴 수 없습니다.",
+        "confirm_yes": "네, 모두 삭제", "cancel": "취소", "theme": "밝게 / 어둡게", "language": "English",
+        "comment": "이 답변의 좋았던 점이나 잘못된 점은? (선택)", "send_feedback": "의견 보내기",
+        "message": "메시지 입력 · Enter로 보내기 · Shift+Enter로 줄 바꿈", "send": "보내기", "stop": "중지",
+        "regenerate": "다시 생성", "person": "상담원 연결",
+    },
+}
+
+# What the server says to a customer, by language.
+SAID = {
+    "en": {
+        "waiting": "Waiting for a person: you are number {place} in line. They will see this whole chat; the "
+                   "assistant does not answer meanwhile.",
+        "with_agent": "You are chatting with **{agent}**, a person from our team.",
+        "agent_footer": "{agent}, a person from our team",
+        "person_busy": "A person is looking after this chat: the assistant does not answer until they hand it back.",
+        "no_edit_with_person": "A person is looking after this chat: send a new message instead of editing.",
+        "own_messages": "Only your own messages can be edited.",
+        "deleted": "Deleted {n} chat(s).", "thanks": "Thanks for the feedback.",
+        "imported": "Imported \"{title}\" as a new chat.", "import_failed": "Could not import that file: {why}",
+        "new_chat": "New chat", "set_by_shop": "The assistant's instructions are set by the shop's operators.",
+    },
+    "ko": {
+        "waiting": "상담원 연결 대기 중: 대기 순서 {place}번입니다. 상담원이 이 대화 전체를 보게 되며, 그동안 "
+                   "어시스턴트는 답하지 않습니다.",
+        "with_agent": "지금 상담원 **{agent}** 님과 대화 중입니다.",
+        "agent_footer": "상담원 {agent}",
+        "person_busy": "상담원이 이 대화를 맡고 있습니다. 상담원이 넘겨줄 때까지 어시스턴트는 답하지 않습니다.",
+        "no_edit_with_person": "상담원이 이 대화를 맡고 있습니다. 수정 대신 새 메시지를 보내 주세요.",
+        "own_messages": "내가 보낸 메시지만 수정할 수 있습니다.",
+        "deleted": "대화 {n}개를 삭제했습니다.", "thanks": "의견 감사합니다.",
+        "imported": "\"{title}\" 대화를 새 대화로 가져왔습니다.", "import_failed": "파일을 가져올 수 없습니다: {why}",
+        "new_chat": "새 대화", "set_by_shop": "어시스턴트의 지침은 매장 운영자가 정합니다.",
+    },
+}
+
+I18N = gr.I18n(**TEXT)
+
+
+def text(key: str):
+    """A component's text, translated in the browser."""
+    return I18N(key)
+
+
+def language(request) -> str:
+    """The customer's language: the page switch's cookie, else the browser's first Accept-Language."""
+    cookies = getattr(request, "cookies", None) or {}
+    if cookies.get(LANG_COOKIE) in LANGUAGES:
+        return cookies[LANG_COOKIE]
+    headers = getattr(request, "headers", None) or {}
+    accept = (headers.get("accept-language") or "").lower()
+    return "ko" if accept.startswith("ko") else "en"
+
+
+def say(request, key: str, **values) -> str:
+    return SAID[language(request)][key].format(**values)
+
+
+# The page's language switch: a cookie for a year, then the page again in the other language.
+SWITCH_JS = f"""() => {{
+  const now = (document.cookie.match(/{LANG_COOKIE}=(\\w+)/) || [])[1]
+    || (navigator.language.startsWith('ko') ? 'ko' : 'en');
+  document.cookie = '{LANG_COOKIE}=' + (now === 'ko' ? 'en' : 'ko') + '; path=/; max-age=31536000; samesite=lax';
+  location.reload();
+}}"""

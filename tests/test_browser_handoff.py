@@ -113,3 +113,52 @@ def test_the_korean_page_works_end_to_end_and_switches_to_english(shop, chromium
     page.locator("#language").click()  # the switch: English, remembered
     expect(page.locator("#send")).to_have_text("Send")
     expect(page.locator("#person-status")).to_contain_text("in line")
+
+
+def test_the_chat_works_inside_another_sites_frame_only_when_allowed(tiny_chat_model, tmp_path, chromium):
+    """A shop page on another origin frames /chat/support: shown when --frame-ancestors lists the
+    shop, refused by the browser when it does not (no login: a visitor, as on a shop's site)."""
+    import functools
+    import http.server
+    import threading
+
+    from playwright.sync_api import expect
+
+    site = tmp_path / "shop-site"
+    site.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    shop_server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    shop_origin = f"http://127.0.0.1:{shop_server.server_port}"
+    threading.Thread(target=shop_server.serve_forever, daemon=True).start()
+    try:
+        for allowed in (True, False):
+            args = parse_args(["--db", str(tmp_path / f"chat-{allowed}.db"), "--model", tiny_chat_model, "--dtype",
+                               "float32", "--num-kv-blocks", "128", *(["--frame-ancestors", shop_origin] * allowed)])
+            app, llm = build_app(args)
+            with LiveServer(llm, app) as chat_server:
+                page = chromium.new_context(viewport={"width": 800, "height": 900}).new_page()
+                page.set_default_timeout(120_000)
+                (site / "shop.html").write_text(f"<h1>Our shop</h1><iframe id='chat' src='{chat_server.url}"
+                                                f"/chat/support/' style='width:420px;height:700px'></iframe>")
+                page.goto(f"{shop_origin}/shop.html")
+                frame = page.frame_locator("#chat")
+                if allowed:
+                    expect(frame.locator("#msg textarea")).to_be_visible()
+                    frame.locator("#msg textarea").click()
+                    page.keyboard.type("Hello from the shop page")
+                    page.keyboard.press("Enter")
+                    expect(frame.locator("#chatbot [data-testid='user']")).to_contain_text("Hello from the shop page")
+                else:
+                    response = httpx_get(f"{chat_server.url}/chat/support/")
+                    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+                    page.wait_for_load_state("load")
+                    assert page.frames[-1].url.startswith("chrome-error://")  # the browser refused to show it
+                page.context.close()
+    finally:
+        shop_server.shutdown()
+
+
+def httpx_get(url: str):
+    import httpx
+
+    return httpx.get(url)

@@ -12,6 +12,18 @@ from server.protocol import error_body, new_id
 API_PATHS = ("/v1/", "/tokenize", "/detokenize")  # the Gradio UI mounted beside it has its own limits
 
 
+def request_cookies(scope) -> SimpleCookie:
+    """The request's cookies (a malformed Cookie header counts as none)."""
+    jar = SimpleCookie()
+    for name, value in scope["headers"]:
+        if name == b"cookie":
+            try:
+                jar.load(value.decode("latin-1"))
+            except Exception:  # noqa: BLE001
+                pass
+    return jar
+
+
 class _TooLarge(Exception):
     pass
 
@@ -87,13 +99,7 @@ class VisitorCookieMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"].startswith((*API_PATHS, "/health", "/metrics")):
             return await self.app(scope, receive, send)
-        jar = SimpleCookie()
-        for name, value in scope["headers"]:
-            if name == b"cookie":
-                try:
-                    jar.load(value.decode("latin-1"))
-                except Exception:  # noqa: BLE001 - a malformed cookie header counts as none
-                    pass
+        jar = request_cookies(scope)
         if VISITOR_COOKIE in jar and self.cookie.visitor(jar[VISITOR_COOKIE].value):
             return await self.app(scope, receive, send)
         value = self.cookie.issue()
@@ -166,13 +172,7 @@ class LanguageCookieMiddleware:
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        jar = SimpleCookie()
-        for name, value in scope["headers"]:
-            if name == b"cookie":
-                try:
-                    jar.load(value.decode("latin-1"))
-                except Exception:  # noqa: BLE001 - a malformed cookie header counts as none
-                    pass
+        jar = request_cookies(scope)
         chosen = jar[self.cookie].value if self.cookie in jar else None
         if chosen not in self.languages:
             return await self.app(scope, receive, send)

@@ -38,11 +38,12 @@ def daily(store, days: int = 30, now: float | None = None) -> list[dict]:
     rows = []
     for key in sorted(groups, key=lambda k: (k[0], k[1]), reverse=True):
         g, times = groups[key], sorted(ttfts.get(key, []))
+        p95 = times[min(len(times) - 1, int(0.95 * len(times)))] if times else None
         rows.append({"day": g["day"], "assistant": g["assistant"], "chats": g["chats"], "turns": g["turns"],
                      "handoff rate": round(g["handoffs"] / g["chats"], 3) if g["chats"] else 0.0,
                      "thumbs-up rate": round(g["up"] / g["rated"], 3) if g["rated"] else None,
                      "TTFT p50 (ms)": round(1000 * statistics.median(times)) if times else None,
-                     "TTFT p95 (ms)": round(1000 * times[min(len(times) - 1, int(0.95 * len(times)))]) if times else None,
+                     "TTFT p95 (ms)": round(1000 * p95) if times else None,
                      "tokens generated": g["generated"],
                      "cached share of prompt tokens": round(g["cached"] / g["prompt"], 3) if g["prompt"] else None})
     return rows

@@ -87,7 +87,8 @@ def test_no_customer_output_carries_the_prompt(shop, fake, tmp_path):
     outputs += asyncio.run(drain(shop.chat.send(uid, sid, "Hi", request=req)))
     outputs += [shop.chat.open_session(uid, sid, req), shop.chat.new_chat(uid, request=req),
                 shop.chat.show_session(uid, sid, req)]
-    exported = [open(shop.chat.export_json(uid, sid, req)).read(), open(shop.chat.export_markdown(uid, sid, req)).read()]
+    exported = [open(shop.chat.export_json(uid, sid, req)).read(),
+                open(shop.chat.export_markdown(uid, sid, req)).read()]
     assert "ZX-81" not in repr(outputs) + "".join(exported)
     data = json.loads(exported[0])
     assert data["system_prompt"] == "" and all(m["token_ids"] == [] for m in data["messages"])

@@ -30,8 +30,8 @@ def test_streaming_hangul_token_by_token_never_splits_a_syllable(smol_tokenizer)
 
 
 def test_a_korean_chat_is_stored_searched_and_exported_intact(smol_tokenizer, tmp_path):
-    req = SimpleNamespace(username="minji", session_hash="t", request=SimpleNamespace(path_params={"assistant": "support"}),
-                          headers={"accept-language": "ko-KR,ko;q=0.9"}, cookies={})
+    req = SimpleNamespace(username="minji", session_hash="t", headers={"accept-language": "ko-KR,ko;q=0.9"},
+                          request=SimpleNamespace(path_params={"assistant": "support"}), cookies={})
     fake = FakeEngineClient(smol_tokenizer, reply=TEXT)
     chat = ChatHandlers(fake, Store(str(tmp_path / "c.db")), demo=False)
     uid, sid = chat.current(None, None, req)
@@ -80,3 +80,11 @@ def test_the_panel_shows_what_korean_costs_in_tokens(smol_tokenizer):
     ratios = {lang: float(value) for lang, value in
               (part.split() for part in line.split("tokens per character: ")[1].split("<")[0].split(" · "))}
     assert ratios["Korean"] > 4 * ratios["English"]  # SmolLM2's byte-level BPE: ~2 tokens a syllable
+
+
+def test_every_customer_string_has_both_languages():
+    from ui.i18n import SAID, TEXT
+
+    for table in (TEXT, SAID):
+        assert set(table["en"]) == set(table["ko"])
+        assert all(table["ko"][k] and table["ko"][k] != table["en"][k] for k in table["en"] if k != "language")

@@ -39,7 +39,6 @@ SAID = {
         "waiting": "Waiting for a person: you are number {place} in line. They will see this whole chat; the "
                    "assistant does not answer meanwhile.",
         "with_agent": "You are chatting with **{agent}**, a person from our team.",
-        "agent_footer": "{agent}, a person from our team",
         "person_busy": "A person is looking after this chat: the assistant does not answer until they hand it back.",
         "no_edit_with_person": "A person is looking after this chat: send a new message instead of editing.",
         "own_messages": "Only your own messages can be edited.",
@@ -51,7 +50,6 @@ SAID = {
         "waiting": "상담원 연결 대기 중: 대기 순서 {place}번입니다. 상담원이 이 대화 전체를 보게 되며, 그동안 "
                    "어시스턴트는 답하지 않습니다.",
         "with_agent": "지금 상담원 **{agent}** 님과 대화 중입니다.",
-        "agent_footer": "상담원 {agent}",
         "person_busy": "상담원이 이 대화를 맡고 있습니다. 상담원이 넘겨줄 때까지 어시스턴트는 답하지 않습니다.",
         "no_edit_with_person": "상담원이 이 대화를 맡고 있습니다. 수정 대신 새 메시지를 보내 주세요.",
         "own_messages": "내가 보낸 메시지만 수정할 수 있습니다.",

@@ -70,6 +70,8 @@ def test_an_agent_takes_replies_and_hands_back(shop):
     assert "return label" in shown[-1]["content"] and "👤 alex" in shown[-1]["content"]
     assert "chatting with **alex**" in status["value"] and timer.active and seen == 2
     assert shop.chat.poll(uid, sid, seen, customer("cara"))[0] == gr.update()  # nothing new: no re-render
+    shop.chat.rate(uid, sid, SimpleNamespace(index=1, liked=True), customer("cara"))
+    assert shop.store.rated_replies()[0]["conversation"][-1]["author"] == "agent:alex"  # the review names them
     shop.inbox.hand_back(sid, agent("alex"))
     assert not shop.chat.person_status(uid, sid, customer("cara"))[1].active
     send(shop, "cara", "Thanks! And the tent pegs?")

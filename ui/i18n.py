@@ -19,7 +19,7 @@ TEXT = {
         "confirm_yes": "Yes, delete all", "cancel": "Cancel", "theme": "Light / dark", "language": "한국어",
         "comment": "What was good or wrong about this reply? (optional)", "send_feedback": "Send feedback",
         "message": "Type a message · Enter sends · Shift+Enter starts a new line", "send": "Send", "stop": "Stop",
-        "regenerate": "Regenerate", "person": "Talk to a person",
+        "regenerate": "Regenerate", "person": "Talk to a person", "chat": "Chat",
     },
     "ko": {
         "chats": "대화", "new_chat": "새 대화", "search": "대화 검색", "your_chats": "내 대화", "title": "제목",
@@ -29,7 +29,7 @@ TEXT = {
         "confirm_yes": "네, 모두 삭제", "cancel": "취소", "theme": "밝게 / 어둡게", "language": "English",
         "comment": "이 답변의 좋았던 점이나 잘못된 점은? (선택)", "send_feedback": "의견 보내기",
         "message": "메시지 입력 · Enter로 보내기 · Shift+Enter로 줄 바꿈", "send": "보내기", "stop": "중지",
-        "regenerate": "다시 생성", "person": "상담원 연결",
+        "regenerate": "다시 생성", "person": "상담원 연결", "chat": "상담",
     },
 }
 

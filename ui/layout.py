@@ -119,7 +119,7 @@ def chat_pane(demo: bool = True, t=ENGLISH) -> SimpleNamespace:
     prompt and sampling."""
     chatbot = gr.Chatbot(elem_id="chatbot", height=520, sanitize_html=True, buttons=["copy"],
                          editable="user", feedback_options=("Like", "Dislike"),
-                         placeholder="Ask the support assistant anything.")
+                         placeholder="Ask the support assistant anything.", **({} if demo else {"label": t("chat")}))
     with gr.Row(visible=False, elem_id="comment-row") as comment_row:
         comment_box = gr.Textbox(placeholder=t("comment"),
                                  show_label=False, scale=4, elem_id="comment")

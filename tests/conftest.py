@@ -44,6 +44,13 @@ def smol32():
 
 
 @pytest.fixture(scope="session")
+def gptq_cache(tmp_path_factory):
+    """A cache folder shared by the tests that run our GPTQ on SmolLM2 (~40-110 s here): the first
+    writes its checkpoint where the operator's "gptq (quantize now)" looks for it, the others reuse it."""
+    return str(tmp_path_factory.mktemp("gptq-cache"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory, smol_parts):
     path = tmp_path_factory.mktemp("tokenizer")
     smol_parts[1].save_pretrained(path)

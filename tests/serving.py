@@ -24,7 +24,8 @@ class LiveServer:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app or create_app(llm, **app_options), log_level="warning")
+        # A test's browser or client may still hold a stream open when the server stops: wait 2 s, not forever.
+        config = uvicorn.Config(app or create_app(llm, **app_options), log_level="warning", timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 

@@ -29,7 +29,7 @@ def app_url(tmp_path_factory, tiny_chat_model):
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def browser(tmp_path_factory, app_url):  # after the server starts, so it closes before the server stops
     from playwright.sync_api import expect, sync_playwright
 
     if not os.path.exists(CHROMIUM):

@@ -123,8 +123,10 @@ def test_only_an_operator_resets_the_prefix_cache(ui):
 
 
 @pytest.mark.slow
-def test_operator_quantizes_with_our_gptq_and_switches(ui, tmp_path, monkeypatch):
-    monkeypatch.setenv("PAGEDCHAT_CACHE", str(tmp_path))
+def test_operator_quantizes_with_our_gptq_and_switches(ui, gptq_cache, monkeypatch):
+    """The operator's "gptq (quantize now)": our GPTQ runs once (or, after test_quant_formats, its
+    cached checkpoint is found), the checkpoint loads, and chats go on."""
+    monkeypatch.setenv("PAGEDCHAT_CACHE", gptq_cache)
     alice = client(ui, "alice")
     label = "SmolLM2-135M-Instruct (embedded)"
     choices = alice.predict(label, api_name="/quant_options")["choices"]

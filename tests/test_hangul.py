@@ -49,6 +49,7 @@ def test_a_korean_chat_is_stored_searched_and_exported_intact(smol_tokenizer, tm
     assert "대기 순서 1번" in chat.ask_person(uid, sid, req)[0]["value"]  # the status line in Korean
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_hangul_streams_whole_through_the_sse_api(tiny_chat_model):
     """A choice constraint makes the tiny random model say exactly TEXT; the SSE deltas rebuild it

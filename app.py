@@ -93,7 +93,8 @@ def build_app(args: argparse.Namespace):
     from ui import assistants
     from ui.console import build_console
     from ui.i18n import I18N, LANG_COOKIE, LANGUAGES
-    from ui.layout import build_customer_ui, build_ui
+    from ui.customer import build_customer_ui
+    from ui.layout import build_ui
 
     store = Store(args.db)
     cut = store.mark_interrupted()
@@ -108,7 +109,6 @@ def build_app(args: argparse.Namespace):
     visitors = None if credentials.required else VisitorCookie(visitor_secret(args, store))
     if visitors is not None:
         api.add_middleware(VisitorCookieMiddleware, cookie=visitors, embedded=bool(args.frame_ancestors))
-    assistants.ensure_default(store)
     api.add_middleware(KnownAssistantsMiddleware, known=lambda slug: store.assistant(slug) is not None,
                        default=assistants.DEFAULT_SLUG)
     api.add_middleware(FrameAncestorsMiddleware, origins=args.frame_ancestors)

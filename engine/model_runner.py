@@ -147,12 +147,12 @@ class ModelRunner:
         another engine may have run last); one torch thread for a few rows through a small model's
         layers (ONE_THREAD_ROWS)."""
         one = self.small_model and rows <= ONE_THREAD_ROWS and self.threads > 1
-        torch.set_num_threads(1 if one else self.threads)
+        _torch_threads(1 if one else self.threads)
         try:
             yield
         finally:
             if one:
-                torch.set_num_threads(self.threads)
+                _torch_threads(self.threads)
 
     def _prompt_logprobs(self, items: list[ScheduledRequest], hidden: torch.Tensor) -> dict[str, tuple]:
         """For each prompt chunk of a request with prompt_logprobs: position p scores prompt token
@@ -243,3 +243,9 @@ def score_tokens(logits: torch.Tensor, chosen: list[int], k: int) -> list[dict[i
 def trim(entry: dict[int, tuple[float, int]], chosen: int, k: int) -> dict[int, tuple[float, int]]:
     """The chosen token and the top-k of this request (a batch may have scored more)."""
     return {t: v for t, v in entry.items() if t == chosen or v[1] <= k}
+
+
+def _torch_threads(n: int) -> None:
+    """torch.set_num_threads, only when it changes something (it is called on every step)."""
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)

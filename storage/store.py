@@ -134,6 +134,12 @@ class Store:
                                  "order by version desc limit 1", [slug, version, version]))
         return _assistant_row(rows[0]) if rows else None
 
+    def assistant_versions(self) -> list[dict]:
+        """Every saved version of every assistant (no prompts), by assistant, newest version first."""
+        with self._db() as db:
+            return list(db.query("select assistant, version, name, created, created_by from assistant_versions "
+                                 "order by assistant, version desc"))
+
     def assistants(self) -> list[dict]:
         """The latest version of every assistant, by name."""
         with self._db() as db:

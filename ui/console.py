@@ -67,13 +67,8 @@ class AssistantEditor:
 
     def versions(self, request: gr.Request):
         self.operator._check(request)
-        rows = []
-        for a in self.store.assistants():
-            for v in range(a["version"], 0, -1):
-                old = self.store.assistant(a["assistant"], v)
-                rows.append([old["assistant"], v, old["name"], time.strftime("%Y-%m-%d %H:%M",
-                             time.localtime(old["created"])), old["created_by"]])
-        return rows
+        return [[v["assistant"], v["version"], v["name"], time.strftime("%Y-%m-%d %H:%M", time.localtime(v["created"])),
+                 v["created_by"]] for v in self.store.assistant_versions()]
 
 
 class AnalyticsHandlers:
@@ -113,7 +108,6 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
     editor = AssistantEditor(store, operator)
     numbers = AnalyticsHandlers(store, operator)
     sampler = PanelSampler(client)
-    assistants.ensure_default(store)
     with gr.Blocks(title="pagedchat console", analytics_enabled=False) as console:
         refused = gr.Markdown("The console is for agents and operators: log in with an agent's name (`--agent NAME`) "
                               "or an operator's (`--admin NAME`).", elem_id="console-refused")

@@ -18,19 +18,10 @@ from server.limits import TooManyRequestsError, UserLimiter
 from storage.handoff import Handoff
 from ui import assistants, transfer
 from ui.assistants import CHAT_REPETITION_PENALTY
-from ui.i18n import say
 from ui.chat import TYPING, ChatService, ReplyCut, customer_display, display, feedback_values, plain_text
+from ui.i18n import say, wants_person
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError)  # shown as a warning
-# What a customer types to ask for a person (lowercased, contained anywhere in the message).
-PERSON_PHRASES = ("talk to a person", "talk to a human", "speak to a person", "speak to a human", "real person",
-                  "human agent", "live agent", "talk to someone", "상담원 연결", "상담원이랑", "상담사 연결",
-                  "사람이랑 얘기", "사람과 이야기", "직원 연결")
-
-
-def wants_person(text: str) -> bool:
-    folded = " ".join(text.lower().split())
-    return any(phrase in folded for phrase in PERSON_PHRASES)
 
 
 class ChatHandlers:

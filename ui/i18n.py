@@ -61,6 +61,16 @@ SAID = {
 
 I18N = gr.I18n(**TEXT)
 
+# What a customer types to ask for a person (lowercased, contained anywhere in the message).
+PERSON_PHRASES = ("talk to a person", "talk to a human", "speak to a person", "speak to a human", "real person",
+                  "human agent", "live agent", "talk to someone", "상담원 연결", "상담원이랑", "상담사 연결",
+                  "사람이랑 얘기", "사람과 이야기", "직원 연결")
+
+
+def wants_person(text: str) -> bool:
+    folded = " ".join(text.lower().split())
+    return any(phrase in folded for phrase in PERSON_PHRASES)
+
 
 def text(key: str):
     """A component's text, translated in the browser."""

@@ -1,7 +1,7 @@
-"""The Gradio 6 pages: the customer chat (sessions sidebar and chat pane, one assistant's) and the
-demo page (the same, plus a chat's own system prompt and sampling, the live engine panel, and the
-operator controls for operators). Only components and wiring live here; what the events do is in
-handlers.py and operator.py. The operator console is console.py."""
+"""The Gradio 6 panels and their wiring, and the demo page built from them (the chat plus a chat's
+own system prompt and sampling, the live engine panel, and the operator controls for operators).
+Only components and wiring live here; what the events do is in handlers.py and operator.py. The
+customer chat is customer.py, the console console.py."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -13,7 +13,7 @@ from server.auth import Credentials, VisitorCookie
 from server.limits import UserLimiter
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.handlers import ChatHandlers
-from ui.i18n import SWITCH_JS, TEXT, text
+from ui.i18n import TEXT
 from ui.operator import FEEDBACK_COLUMNS, OperatorHandlers
 from ui.panel import PanelSampler, page_map_html
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
@@ -67,28 +67,6 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
     return demo
 
 
-def build_customer_ui(client: EngineClient, store, *, limiter: UserLimiter, visitors: VisitorCookie | None,
-                      salt_by_user: bool = False) -> gr.Blocks:
-    """The customer chat, served at /chat/<assistant>: the conversation and its buttons only. The
-    assistant's prompt, sampling and model never reach this page, and none of its events takes them."""
-    chat = ChatHandlers(client, store, visitors, limiter, salt_by_user, demo=False)
-    with gr.Blocks(title="Chat", analytics_enabled=False) as page:
-        state = SimpleNamespace(user=gr.State(None), session=gr.State(None), rated=gr.State(None))
-        side = chats_sidebar(text)
-        with gr.Row():
-            header = SimpleNamespace(title=gr.Markdown(elem_id="assistant-name"),
-                                     language_btn=gr.Button(text("language"), size="sm", scale=0, elem_id="language"),
-                                     theme_btn=gr.Button(text("theme"), size="sm", scale=0, elem_id="theme-toggle"))
-        pane = chat_pane(demo=False, t=text)
-        header.language_btn.click(None, js=SWITCH_JS)
-        page.load(chat.greeting, None, [pane.chatbot, header.title], **PRIVATE)
-        started = wire_sessions(page, chat, state, side, pane, header)
-        sent = wire_turns(page, chat, state, side, pane)
-        wire_person(chat, state, side, pane, [started, *sent])
-    return page
-
-
-# ---- the panels: components only ------------------------------------------------------------
 def chats_sidebar(t=ENGLISH) -> SimpleNamespace:
     """New chat, search, the list of chats, rename / delete, export / import / delete all. `t`: key ->
     text (i18n.text on the customer chat)."""
@@ -266,22 +244,6 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
         trigger(chat.comment, [user, session, state.rated, pane.comment_box], [pane.comment_box, pane.comment_row])
     demo.unload(chat.tab_closed)
     return send_events
-
-
-def wire_person(chat: ChatHandlers, state: SimpleNamespace, side: SimpleNamespace, pane: SimpleNamespace,
-                after: list) -> None:
-    """The customer chat's handoff: ask for a person, the status line, and the poll that shows an
-    agent's replies in the open tab. `after`: the page's first load (a chat still waiting after a
-    restart shows it) and the send events (a message may have asked for a person)."""
-    who, status = [state.user, state.session], [pane.status, pane.poll]
-    quiet = dict(show_progress="hidden")
-    pane.person_btn.click(chat.ask_person, who, status, **quiet)
-    for event in after:
-        event.then(chat.person_status, who, status, **quiet, **PRIVATE)
-    for trigger in (side.sessions.input, side.new_btn.click):
-        trigger(chat.person_status, who, status, **quiet, **PRIVATE)
-    pane.poll.tick(chat.poll, [*who, pane.seen], [pane.chatbot, *status, pane.seen], show_progress="hidden",
-                   **PRIVATE)
 
 
 def wire_panel(timer: gr.Timer, chat: ChatHandlers, operator: OperatorHandlers, sampler: PanelSampler,

@@ -1,13 +1,16 @@
 """The offline API shaped like vLLM's: `LLM(model).generate(prompts, SamplingParams(...))`."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import ChoiceCollector, EngineStats, RequestOutput, ScheduledRequest
 from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
+from engine.tools import ToolPlan, parse_reply, parse_tools, render
 
 
 class LLM:
@@ -48,18 +51,30 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
              add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
-             priority: list[int] | None = None) -> list[RequestOutput]:
-        """One conversation (a list of {"role", "content"}) or a list of them."""
+             priority: list[int] | None = None, tools: list[dict] | None = None, tool_choice: str | dict | None = None,
+             parallel_tool_calls: bool = True) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"}, with "tool_calls" / "tool_call_id" where a
+        tool was used) or a list of them. tools, tool_choice, parallel_tool_calls: OpenAI's; each
+        output then carries `content` and `tool_calls` (engine/tools.py), its arguments valid by
+        construction."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.render_chat(c, add_generation_prompt, chat_template_kwargs) for c in conversations]
-        return self.generate(prompts, sampling_params, priority=priority)
+        plan = parse_tools(tools, tool_choice, parallel_tool_calls)
+        prompts = [self.render_chat(c, add_generation_prompt, chat_template_kwargs, plan) for c in conversations]
+        if plan is None or plan.grammar is None:
+            return self.generate(prompts, sampling_params, priority=priority)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        params = [copy.copy(p or self.get_default_sampling_params()) for p in params]
+        for p in params:
+            p.structured_outputs = StructuredOutputsParams(grammar=plan.grammar)
+        results = self.generate(prompts, params, priority=priority)
+        for result in results:
+            for out in result.outputs:
+                out.content, out.tool_calls = parse_reply(out.text)
+        return results
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True,
-                    chat_template_kwargs: dict | None = None) -> list[int]:
-        tok = self.engine.tokenizer
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                       **(chat_template_kwargs or {}))
-        return tok.encode(text, add_special_tokens=False)
+                    chat_template_kwargs: dict | None = None, tools: ToolPlan | None = None) -> list[int]:
+        return render(self.engine.tokenizer, messages, tools, add_generation_prompt, **(chat_template_kwargs or {}))
 
     def _run(self, ids: list[str]) -> list[RequestOutput]:
         collected = {i: ChoiceCollector() for i in ids}

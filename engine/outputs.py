@@ -72,6 +72,9 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None
     logprobs: list[dict[int, Logprob]] | None = None  # one dict per token, when SamplingParams.logprobs is set
+    # LLM.chat(tools=...) only: the reply read as OpenAI's message (text without the calls, and the calls)
+    content: str | None = None
+    tool_calls: list | None = None
 
 
 @dataclass

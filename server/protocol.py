@@ -3,6 +3,7 @@ SamplingParams, which validates their values (once, for every front). Nothing he
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import uuid
 from typing import Literal
@@ -11,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.errors import ParameterError
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
+from engine.tools import ToolPlan, parse_tools
 
 
 class TextPart(BaseModel):
@@ -22,6 +24,17 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[dict] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
+
+    def as_dict(self) -> dict:
+        """What the chat template and engine/tools.py read."""
+        out = {"role": self.role, "content": self.text()}
+        for key in ("tool_calls", "tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -37,7 +50,7 @@ class StreamOptions(BaseModel):
 
 # OpenAI fields this server does not implement yet, with the values that ask for nothing: anything
 # else is refused by name rather than silently ignored.
-NOT_IMPLEMENTED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+NOT_IMPLEMENTED = {"functions": (None, []),
                    "function_call": (None, "none"), "suffix": (None, ""), "best_of": (None, 1),
                    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,)}
 
@@ -169,6 +182,22 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+
+    @functools.cached_property
+    def tool_plan(self) -> ToolPlan | None:
+        return parse_tools(self.tools, self.tool_choice, self.parallel_tool_calls)
+
+    def structured(self) -> StructuredOutputsParams | None:
+        plan, other = self.tool_plan, super().structured()
+        if plan is None or plan.grammar is None:
+            return other
+        if other is not None:
+            raise ParameterError("tools and response_format / structured_outputs cannot be combined; pick one "
+                                 "(or tool_choice \"none\").", "tools")
+        return StructuredOutputsParams(grammar=plan.grammar)
 
     def sample_logprobs(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:

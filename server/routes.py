@@ -10,7 +10,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.client import EngineClient, ModelInfo
-from engine.errors import parameter_of
+from engine.errors import ParameterError, parameter_of
+from engine.tools import parse_reply, render
 from server.auth import Credentials
 from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter
@@ -154,6 +155,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     check_model(request, info, body.model)
     ids = await asyncio.to_thread(render_chat, info, body)
     params = sampling(info, body, ids)
+    tools = body.tool_plan is not None and body.tool_plan.grammar is not None
     rid, created, name = new_id("chatcmpl"), now(), served_name(request, info)
     on_finish = finish_logger(request, len(ids), body.messages)
     release = take_slot(request)
@@ -163,14 +165,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse(chat_events(await started(stream), rid, name, created, len(ids), include_usage,
-                               body.return_token_ids, on_finish, params.logprobs, params.n))
+                               body.return_token_ids, on_finish, params.logprobs, params.n, tools))
     final = await collect(stream, request)
     on_finish(final)
     choices = []
     for out in final.outputs:
         scores = chat_logprobs(out.token_ids, out.logprobs, params.logprobs) if params.logprobs is not None else None
-        choices.append({"index": out.index, "message": {"role": "assistant", "content": out.text},
-                        "logprobs": scores, "finish_reason": finish_reason(out)})
+        message, reason = {"role": "assistant", "content": out.text}, finish_reason(out)
+        if tools:
+            message["content"], calls = parse_reply(out.text)
+            if calls:
+                message["tool_calls"] = [c.openai() for c in calls]
+                reason = "tool_calls" if reason == "stop" else reason
+        choices.append({"index": out.index, "message": message, "logprobs": scores, "finish_reason": reason})
         if body.return_token_ids:
             choices[-1]["token_ids"] = out.token_ids
     return {"id": rid, "object": "chat.completion", "created": created, "model": name, "choices": choices,
@@ -255,12 +262,13 @@ async def unknown_api_route(request: Request):
 
 # ---- helpers ------------------------------------------------------------------------------
 def render_chat(info: ModelInfo, body) -> list[int]:
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    plan = body.tool_plan if isinstance(body, ChatCompletionRequest) else None
     try:
-        text = info.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render(info.tokenizer, [m.as_dict() for m in body.messages], plan)
+    except ParameterError:
+        raise
     except Exception as e:  # noqa: BLE001 - the template's own complaint is the clearest message
         raise bad_request(f"the chat template rejected these messages: {e}", "messages") from None
-    return info.tokenizer.encode(text, add_special_tokens=False)
 
 
 def sampling(info: ModelInfo, body: SamplingFields, ids: list[int]):

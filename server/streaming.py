@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from engine.client import EngineDeadError, EngineOverloadedError
 from engine.outputs import ChoiceCollector
+from engine.tools import ToolCallParser
 from server.errors import APIError
 from server.logprobs import CompletionLogprobs, chat_logprobs
 from server.protocol import chat_chunk, completion_chunk, error_body, usage
@@ -67,12 +68,12 @@ def sse(events: AsyncIterator[dict]) -> StreamingResponse:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
-def _events(stream, make_chunk: Callable, obj: str, rid: str, model: str, created: int, prompt_len: int,
+def _events(stream, make_chunks: Callable, obj: str, rid: str, model: str, created: int, prompt_len: int,
             include_usage: bool, with_ids: bool, on_finish: Callable, logprobs_of: Callable | None):
     """SSE payloads of one request: each choice's deltas and its finishing chunk (n > 1 interleaves
-    them, told apart by index), then usage if asked for. make_chunk(index, text, token_ids or None,
-    finish_reason, logprobs or None) builds the endpoint's chunk shape; logprobs_of(index,
-    token_ids, entries) the logprobs of a chunk's tokens (None: not asked)."""
+    them, told apart by index), then usage if asked for. make_chunks(index, text, token_ids or None,
+    finish_reason, logprobs or None) builds the endpoint's chunks for one delta; logprobs_of(index,
+    token_ids, entries) the logprobs of a delta's tokens (None: not asked)."""
     async def gen():
         choices = ChoiceCollector()
         async for out in stream:
@@ -80,12 +81,14 @@ def _events(stream, make_chunk: Callable, obj: str, rid: str, model: str, create
             choice, new = out.outputs[0], out.delta_token_ids
             if out.delta_text or (new and (with_ids or logprobs_of)):
                 scores = logprobs_of(choice.index, new, choice.logprobs[-len(new):]) if logprobs_of and new else None
-                yield make_chunk(choice.index, out.delta_text, new if with_ids else None, None, scores)
+                for chunk in make_chunks(choice.index, out.delta_text, new if with_ids else None, None, scores):
+                    yield chunk
             if choice.finish_reason == "error":
                 yield error_body(out.error or "the request failed inside the engine", "internal_error")
                 return
             if choice.finish_reason is not None:
-                yield make_chunk(choice.index, "", None, choice.finish_reason, None)
+                for chunk in make_chunks(choice.index, "", None, choice.finish_reason, None):
+                    yield chunk
             if out.finished:
                 final = choices.whole()
                 on_finish(final)
@@ -97,17 +100,34 @@ def _events(stream, make_chunk: Callable, obj: str, rid: str, model: str, create
 
 
 async def chat_events(stream, rid, model, created, prompt_len, include_usage, with_ids, on_finish,
-                      top_logprobs: int | None = None, n: int = 1):
-    def make_chunk(index, text, token_ids, reason, scores):
-        chunk = chat_chunk(rid, model, created, {} if reason else {"content": text}, reason, scores, index)
+                      top_logprobs: int | None = None, n: int = 1, tools: bool = False):
+    """tools: the reply may hold tool calls, streamed as OpenAI does (delta.tool_calls: the head with
+    index, id and name, then argument fragments); their text never reaches delta.content."""
+    parsers = {index: ToolCallParser() for index in range(n)} if tools else None
+
+    def make_chunks(index, text, token_ids, reason, scores):
+        if parsers is None:
+            deltas = [{} if reason else {"content": text}]
+        else:
+            parser = parsers[index]
+            deltas = parser.finish() if reason else parser.feed(text)
+            if reason == "stop" and parser.calls:
+                reason = "tool_calls"
+            if reason:
+                deltas.append({})
+            elif not deltas:
+                deltas.append({"content": ""})
+        chunks = [chat_chunk(rid, model, created, delta, None, None, index) for delta in deltas]
+        last = chunks[-1]["choices"][0]
+        last["finish_reason"], last["logprobs"] = reason, scores
         if token_ids is not None:
-            chunk["choices"][0]["token_ids"] = token_ids
-        return chunk
+            last["token_ids"] = token_ids
+        return chunks
 
     logprobs_of = None if top_logprobs is None else (lambda _, ids, entries: chat_logprobs(ids, entries, top_logprobs))
     for index in range(n):
         yield chat_chunk(rid, model, created, {"role": "assistant", "content": ""}, index=index)
-    async for event in _events(stream, make_chunk, "chat.completion.chunk", rid, model, created, prompt_len,
+    async for event in _events(stream, make_chunks, "chat.completion.chunk", rid, model, created, prompt_len,
                                include_usage, with_ids, on_finish, logprobs_of):
         yield event
 
@@ -135,6 +155,6 @@ async def completion_events(stream, rid, model, created, prompt_len, include_usa
         yield first
         async for out in stream:
             yield out
-    async for event in _events(rest(), make_chunk, "text_completion", rid, model, created, prompt_len,
-                               include_usage, with_ids, on_finish, logprobs if scorer else None):
+    async for event in _events(rest(), lambda *a: [make_chunk(*a)], "text_completion", rid, model, created,
+                               prompt_len, include_usage, with_ids, on_finish, logprobs if scorer else None):
         yield event

@@ -135,8 +135,8 @@ def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(fake, smol_
 
 
 @pytest.mark.parametrize("path, field, value", [
-    ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "refund"}}]),
-    ("/v1/chat/completions", "tool_choice", "auto"), ("/v1/chat/completions", "guided_json", {"type": "object"}),
+    ("/v1/chat/completions", "functions", [{"name": "refund"}]),
+    ("/v1/chat/completions", "function_call", "auto"), ("/v1/chat/completions", "guided_json", {"type": "object"}),
     ("/v1/completions", "suffix", "!"), ("/v1/completions", "best_of", 3),
 ])
 def test_fields_not_implemented_are_refused_by_name(http, fake, path, field, value):

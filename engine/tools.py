@@ -1,0 +1,374 @@
+"""Tool calling in OpenAI's shape, made unbreakable by the grammar. A call is written as
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (the Hermes / Qwen format); llguidance
+constrains it, so a started call always completes with arguments valid for the tool's schema:
+
+- `required`: the reply is one or more calls; a named function: exactly one call of it;
+- `auto`: text that never contains the opening tag, or text then calls (from the tag on, constrained);
+- `none`: free text, and the tools are left out of the prompt.
+
+Templates that know tools (`tools` in their source: Qwen, Llama 3.1, ...) render them themselves.
+For the rest (SmolLM2) the generic format: the tool list and the call format are appended to the
+system message, a past call is the assistant's text in the call format, and a tool's result is a
+user turn `<tool_response>...</tool_response>`. `ToolCallParser` reads replies back, streamed or whole,
+into content and calls; no call text ever reaches the content."""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from engine.errors import ParameterError
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+CHOICES = ("auto", "none", "required")
+# A call is written as json.dumps writes it (one line, ", " and ": "): fewer tokens than the
+# newlines small models put between keys, and a past call re-renders token for token.
+COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_CALLS = 8  # calls in one reply: small models otherwise repeat calls until max_tokens
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict
+
+    def openai(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # the JSON text of the arguments, exactly as the model wrote it
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a request's tools ask of the prompt and of decoding."""
+    tools: list[Tool]
+    choice: str  # "auto" | "none" | "required" | a tool's name
+    parallel: bool = True
+
+    @property
+    def grammar(self) -> str | None:
+        return None if self.choice == "none" else call_grammar(self.tools, self.choice, self.parallel)
+
+    @property
+    def prompt_tools(self) -> list[Tool]:
+        return [] if self.choice == "none" else self.tools
+
+
+def parse_tools(tools: list | None, tool_choice: object = None, parallel: bool = True) -> ToolPlan | None:
+    """OpenAI's `tools` / `tool_choice` / `parallel_tool_calls` checked; ParameterError naming the field."""
+    if not tools:
+        if tool_choice not in (None, "none", "auto"):
+            raise ParameterError("tool_choice needs `tools`: give the functions it may call.", "tool_choice")
+        return None
+    if not isinstance(tools, list):
+        raise ParameterError("tools must be a list of {\"type\": \"function\", \"function\": {...}}.", "tools")
+    parsed: list[Tool] = []
+    for i, entry in enumerate(tools):
+        where = f"tools[{i}]"
+        fn = entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or entry.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise ParameterError(f"{where} must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                                 "\"parameters\": {...}}}}.", where)
+        name = fn.get("name")
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ParameterError(f"{where}.function.name must be 1-64 letters, digits, _ or -, got {name!r}.",
+                                 f"{where}.function.name")
+        if any(t.name == name for t in parsed):
+            raise ParameterError(f"{where}.function.name {name!r} is given twice.", f"{where}.function.name")
+        parameters = fn.get("parameters")
+        parameters = {"type": "object", "properties": {}} if parameters is None else parameters
+        if not isinstance(parameters, dict) or parameters.get("type", "object") != "object":
+            raise ParameterError(f"{where}.function.parameters must be a JSON schema of an object "
+                                 f"(\"type\": \"object\"), got {json.dumps(parameters)[:200]}.",
+                                 f"{where}.function.parameters")
+        description = fn.get("description") or ""
+        if not isinstance(description, str):
+            raise ParameterError(f"{where}.function.description must be a string.", f"{where}.function.description")
+        tool = Tool(name, description, parameters)
+        _check_schema(tool, f"{where}.function.parameters")
+        parsed.append(tool)
+    return ToolPlan(parsed, _choice(tool_choice, parsed), bool(parallel))
+
+
+def _check_schema(tool: Tool, where: str) -> None:
+    """llguidance's own complaint about a schema it cannot compile, naming the field."""
+    import llguidance
+
+    M = llguidance.LLMatcher
+    problem = M.validate_grammar(M.grammar_from_json_schema(_call_schema(tool)))
+    if problem:
+        lines = [line.strip() for line in problem.strip().splitlines()]
+        shown = lines[:next((i for i, line in enumerate(lines) if re.match(r"\d+ \|", line)), len(lines))]
+        reason = " ".join(shown).removeprefix("failed to compile JSON schema: ")
+        raise ParameterError(f"{where} cannot be compiled into a grammar: {reason}", where)
+
+
+def _choice(tool_choice: object, tools: list[Tool]) -> str:
+    if tool_choice is None:
+        return "auto"
+    if isinstance(tool_choice, str):
+        if tool_choice not in CHOICES:
+            raise ParameterError(f"tool_choice must be one of {CHOICES} or {{\"type\": \"function\", \"function\": "
+                                 f"{{\"name\": ...}}}}, got {tool_choice!r}.", "tool_choice")
+        return tool_choice
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str):
+        raise ParameterError("tool_choice must name a function: {\"type\": \"function\", \"function\": "
+                             "{\"name\": ...}}.", "tool_choice")
+    if name not in {t.name for t in tools}:
+        raise ParameterError(f"tool_choice names {name!r}, which is not among the tools "
+                             f"({', '.join(t.name for t in tools)}).", "tool_choice")
+    return name
+
+
+# ---- the grammar ----------------------------------------------------------------------------
+def _call_schema(tool: Tool) -> dict:
+    """{"name": <const>, "arguments": <the tool's schema>}, name first; the tool's $defs move to the
+    root so its "#/$defs/..." references still resolve."""
+    arguments = {k: v for k, v in tool.parameters.items() if k not in ("$defs", "definitions")}
+    arguments.setdefault("type", "object")
+    schema = {"type": "object", "properties": {"name": {"const": tool.name}, "arguments": arguments},
+              "required": ["name", "arguments"], "additionalProperties": False, "x-guidance": COMPACT}
+    for key in ("$defs", "definitions"):
+        if key in tool.parameters:
+            schema[key] = tool.parameters[key]
+    return schema
+
+
+def call_grammar(tools: list[Tool], choice: str, parallel: bool) -> str:
+    """The Lark grammar (llguidance's dialect) of a reply under `choice`."""
+    allowed = [t for t in tools if choice in ("auto", "required") or t.name == choice]
+    bodies = "\n".join(f"body_{i}: %json {json.dumps(_call_schema(t))}" for i, t in enumerate(allowed))
+    more = f'("\\n"* call){{0,{MAX_CALLS - 1}}}' if parallel and choice in ("auto", "required") else ""
+    rules = [f'rest: "\\n"? body "\\n"? "{CLOSE}" {more}',
+             f'call: "{OPEN}" rest',
+             "body: " + " | ".join(f"body_{i}" for i in range(len(allowed))),
+             bodies]
+    if choice == "auto":
+        rules[:0] = ["start: TEXT | lead rest",
+                     f"TEXT: /(?s:.*)/ & ~/(?s:.*{re.escape(OPEN)}.*)/",
+                     f"lead[lazy]: /(?s:.*){re.escape(OPEN)}/"]
+    else:
+        rules.insert(0, "start: call")
+    return "\n".join(rules) + "\n"
+
+
+# ---- the prompt -----------------------------------------------------------------------------
+def template_knows_tools(tokenizer) -> bool:
+    return "tools" in (getattr(tokenizer, "chat_template", None) or "")
+
+
+def render(tokenizer, messages: list[dict], plan: ToolPlan | None = None, add_generation_prompt: bool = True,
+           **template_kwargs) -> list[int]:
+    """A conversation (with tools, calls and results, if any) -> prompt token ids, through the
+    model's chat template (ParameterError for a tool message without its call)."""
+    msgs, extra = template_inputs(messages, plan, template_knows_tools(tokenizer))
+    text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **extra, **template_kwargs)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def generic_tools_text(tools: list[Tool]) -> str:
+    lines = "\n".join(json.dumps(t.openai()["function"], ensure_ascii=False) for t in tools)
+    return ("\n\n# Tools\nYou may call one or more of these functions to help with the user's request:\n"
+            f"<tools>\n{lines}\n</tools>\nTo call one, answer with the call alone, as:\n"
+            f'{OPEN}{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}{CLOSE}\n'
+            "The result comes back as <tool_response>...</tool_response>.")
+
+
+def call_text(name: str, arguments: str | dict) -> str:
+    """A call in the generic format, as the model writes it."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f'{OPEN}{{"name": "{name}", "arguments": {args}}}{CLOSE}'
+
+
+def check_tool_messages(messages: list[dict]) -> None:
+    """Each tool message answers a call made earlier in the conversation (OpenAI's rule)."""
+    calls: set[str] = set()
+    for i, m in enumerate(messages):
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ParameterError(f"messages[{i}].tool_calls entries need function.name and function.arguments.",
+                                     f"messages[{i}].tool_calls")
+            calls.add(call.get("id"))
+        if m["role"] == "tool" and m.get("tool_call_id") not in calls:
+            raise ParameterError(f"messages[{i}] (role tool) has tool_call_id {m.get('tool_call_id')!r}, which no "
+                                 "earlier assistant message's tool_calls has.", f"messages[{i}].tool_call_id")
+
+
+def template_inputs(messages: list[dict], plan: ToolPlan | None, native: bool) -> tuple[list[dict], dict]:
+    """(messages, extra apply_chat_template kwargs) for a conversation that may carry tools."""
+    check_tool_messages(messages)
+    tools = plan.prompt_tools if plan else []
+    if native:
+        out = [_native(m) for m in messages]
+        return out, ({"tools": [t.openai() for t in tools]} if tools else {})
+    out = []
+    for m in messages:
+        if m["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"})
+        elif m.get("tool_calls"):
+            calls = "\n".join(call_text(c["function"]["name"], c["function"].get("arguments") or "{}")
+                              for c in m["tool_calls"])
+            out.append({"role": "assistant", "content": "\n".join(x for x in (m.get("content"), calls) if x)})
+        else:
+            out.append({"role": m["role"], "content": m.get("content") or ""})
+    if tools:
+        text = generic_tools_text(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + text}
+        else:
+            out.insert(0, {"role": "system", "content": text.lstrip()})
+    return out, {}
+
+
+def _native(m: dict) -> dict:
+    """A message as HF templates read it: a call's arguments as a dict."""
+    out = {k: v for k, v in m.items() if v is not None}
+    out.setdefault("content", "")
+    if m.get("tool_calls"):
+        out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _as_dict(c["function"].get("arguments"))}}
+                             for c in m["tool_calls"]]
+    return out
+
+
+def _as_dict(arguments: object) -> object:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+# ---- reading a reply back -------------------------------------------------------------------
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_-]+)"\s*,\s*"arguments"\s*:\s*(?=\S)')
+
+
+class ToolCallParser:
+    """A reply -> content deltas and calls, fed text as it streams. `feed` returns OpenAI delta
+    parts: {"content": ...} and {"tool_calls": [{index, id, type, function: {name, arguments}}]}
+    (the head first, then argument fragments). Text that may be the start of the opening tag, and
+    whitespace before it, is held back until it is known not to be: streamed content is the whole
+    reply's content, stripped."""
+
+    def __init__(self) -> None:
+        self.calls: list[ToolCall] = []  # complete calls
+        self.content = ""
+        self._buffer = ""
+        self._state = "text"  # text -> head -> args -> tail -> between -> head ...
+        self._call: ToolCall | None = None
+        self._depth, self._in_string, self._escaped = 0, False, False
+
+    def feed(self, text: str) -> list[dict]:
+        self._buffer += text
+        out: list[dict] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[dict]:
+        """At the end of the reply: held-back text was content after all (an unfinished call is dropped)."""
+        if self._state == "text" and self._buffer.strip():
+            piece, self._buffer = self._buffer.rstrip(), ""
+            return self._content(piece)
+        return []
+
+    @property
+    def finished_calls(self) -> list[dict]:
+        return [c.openai() for c in self.calls]
+
+    def _content(self, piece: str) -> list[dict]:
+        if not self.content.strip():
+            piece = piece.lstrip()
+        self.content += piece
+        return [{"content": piece}] if piece else []
+
+    def _step(self, out: list[dict]) -> bool:
+        b = self._buffer
+        if self._state in ("text", "between"):
+            at = b.find(OPEN)
+            if at < 0:
+                keep = next((k for k in range(min(len(OPEN) - 1, len(b)), 0, -1) if OPEN.startswith(b[-k:])), 0)
+                keep += len(b[:len(b) - keep]) - len(b[:len(b) - keep].rstrip())  # and whitespace before it
+                if self._state == "text":
+                    out += self._content(b[:len(b) - keep])
+                self._buffer = b[len(b) - keep:]
+                return False
+            if self._state == "text":
+                out += self._content(b[:at].rstrip())
+            self._buffer, self._state = b[at + len(OPEN):], "head"
+            return True
+        if self._state == "head":
+            m = _HEAD.match(b)
+            if not m:
+                return False
+            self._call = ToolCall(m.group(1), "")
+            index = len(self.calls)
+            out.append({"tool_calls": [{"index": index, "id": self._call.id, "type": "function",
+                                        "function": {"name": self._call.name, "arguments": ""}}]})
+            self._buffer, self._state = b[m.end():], "args"
+            self._depth, self._in_string, self._escaped = 0, False, False
+            return True
+        if self._state == "args":
+            end = self._scan(b)
+            piece = b if end is None else b[:end]
+            if piece:
+                self._call.arguments += piece
+                out.append({"tool_calls": [{"index": len(self.calls), "function": {"arguments": piece}}]})
+            self._buffer = "" if end is None else b[end:]
+            if end is None:
+                return False
+            self._state = "tail"
+            return True
+        at = b.find(CLOSE)  # tail: the wrapper's "}" and the closing tag
+        if at < 0:
+            return False
+        self.calls.append(self._call)
+        self._buffer, self._state = b[at + len(CLOSE):], "between"
+        return True
+
+    def _scan(self, text: str) -> int | None:
+        """Where the arguments' JSON value ends in `text` (continuing the scan), or None."""
+        for i, ch in enumerate(text):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+                    if self._depth == 0:
+                        return i + 1
+            elif ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth <= 0:
+                    return i + 1
+            elif self._depth == 0 and ch in ",}":
+                return i
+        return None
+
+
+def parse_reply(text: str) -> tuple[str | None, list[ToolCall]]:
+    """A whole reply -> (content or None, complete calls)."""
+    parser = ToolCallParser()
+    parser.feed(text)
+    parser.finish()
+    return (parser.content.strip() or None), parser.calls

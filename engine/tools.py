@@ -165,6 +165,10 @@ def call_grammar(tools: list[Tool], choice: str, parallel: bool) -> str:
     return "\n".join(rules) + "\n"
 
 
+# A reply that may not call (the chat's answer after a tool result): any text without the opening tag.
+NO_CALL_GRAMMAR = f"start: TEXT\nTEXT: /(?s:.*)/ & ~/(?s:.*{re.escape(OPEN)}.*)/\n"
+
+
 # ---- the prompt -----------------------------------------------------------------------------
 def template_knows_tools(tokenizer) -> bool:
     return "tools" in (getattr(tokenizer, "chat_template", None) or "")
@@ -181,11 +185,17 @@ def render(tokenizer, messages: list[dict], plan: ToolPlan | None = None, add_ge
 
 
 def generic_tools_text(tools: list[Tool]) -> str:
-    lines = "\n".join(json.dumps(t.openai()["function"], ensure_ascii=False) for t in tools)
-    return ("\n\n# Tools\nYou may call one or more of these functions to help with the user's request:\n"
-            f"<tools>\n{lines}\n</tools>\nTo call one, answer with the call alone, as:\n"
-            f'{OPEN}{{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}{CLOSE}\n'
-            "The result comes back as <tool_response>...</tool_response>.")
+    """The tools in the system message, one line each (`name(arg: type, ...): description`): the
+    grammar holds the arguments to the schema, so the prompt needs only what each tool is for."""
+    lines = "\n".join(f"- {t.name}({_signature(t.parameters)}): {t.description}".rstrip(": ") for t in tools)
+    return (f"\n\nYou can call these tools:\n{lines}\nTo call one, reply with only "
+            f'{OPEN}{{"name": ..., "arguments": {{...}}}}{CLOSE}; its result comes back as <tool_response>.')
+
+
+def _signature(schema: dict) -> str:
+    props = schema.get("properties") or {}
+    return ", ".join(f"{name}: {spec.get('type') or 'any'}" if isinstance(spec, dict) else name
+                     for name, spec in props.items())
 
 
 def call_text(name: str, arguments: str | dict) -> str:
@@ -220,6 +230,8 @@ def template_inputs(messages: list[dict], plan: ToolPlan | None, native: bool) -
     for m in messages:
         if m["role"] == "tool":
             out.append({"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"})
+        elif m.get("call_text"):  # the chat's own record: the text the model wrote, exactly
+            out.append({"role": "assistant", "content": m["call_text"]})
         elif m.get("tool_calls"):
             calls = "\n".join(call_text(c["function"]["name"], c["function"].get("arguments") or "{}")
                               for c in m["tool_calls"])
@@ -237,7 +249,7 @@ def template_inputs(messages: list[dict], plan: ToolPlan | None, native: bool) -
 
 def _native(m: dict) -> dict:
     """A message as HF templates read it: a call's arguments as a dict."""
-    out = {k: v for k, v in m.items() if v is not None}
+    out = {k: v for k, v in m.items() if v is not None and k != "call_text"}
     out.setdefault("content", "")
     if m.get("tool_calls"):
         out["tool_calls"] = [{**c, "function": {**c["function"], "arguments": _as_dict(c["function"].get("arguments"))}}
@@ -288,8 +300,9 @@ class ToolCallParser:
         return []
 
     @property
-    def finished_calls(self) -> list[dict]:
-        return [c.openai() for c in self.calls]
+    def in_call(self) -> bool:
+        """Whether the reply has started a call (everything from its opening tag on is not content)."""
+        return self._state != "text"
 
     def _content(self, piece: str) -> list[dict]:
         if not self.content.strip():

@@ -64,8 +64,17 @@ def m006_analytics(db: sqlite_utils.Database) -> None:
     db["messages"].create_index(["created"])
 
 
+def m007_tools(db: sqlite_utils.Database) -> None:
+    """Tools: an assistant version's (JSON, ui/actions.py checks them); the calls a reply made, with
+    their results (JSON); and the shop's orders, which the built-in lookup_order reads."""
+    db["assistant_versions"].add_column("tools", str)
+    db["messages"].add_column("tool_calls", str)
+    db["orders"].create({"order_id": str, "email": str, "status": str, "items": str, "carrier": str,
+                         "tracking": str, "placed": str, "delivery": str}, pk="order_id")
+
+
 MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff, m005_quick_replies_canned,
-              m006_analytics]
+              m006_analytics, m007_tools]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

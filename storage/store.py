@@ -118,8 +118,8 @@ class Store:
     def save_assistant(self, slug: str, fields: dict, by: str) -> int:
         """A new version of assistant `slug` (its first if new); returns the version number."""
         row = {k: fields[k] for k in ("name", "system_prompt", "greeting", "model")}
-        row.update({k: json.dumps(fields.get(k) or ([] if k == "quick_replies" else {}), ensure_ascii=False)
-                    for k in ("sampling", "quick_replies", "canned")})
+        row.update({k: json.dumps(fields.get(k) or ([] if k in ("quick_replies", "tools") else {}), ensure_ascii=False)
+                    for k in ("sampling", "quick_replies", "canned", "tools")})
         with self._db() as db:
             latest = db.execute("select max(version) from assistant_versions where assistant = ?", [slug]).fetchone()[0]
             version = (latest or 0) + 1
@@ -153,6 +153,8 @@ class Store:
         row = {"session_id": session_id, "role": role, "content": content,
                "token_ids": json.dumps(token_ids or []), "created": time.time()}
         row.update({k: v for k, v in stats.items() if k in (*_STATS, "created", "author")})
+        if stats.get("tool_calls"):
+            row["tool_calls"] = json.dumps(stats["tool_calls"], ensure_ascii=False)
         with self._db() as db:
             if not self._owned(db, user_id, session_id):
                 raise StoreError(f"session {session_id} does not belong to this user")
@@ -165,6 +167,8 @@ class Store:
         """Rewrite a message as it grows (a streaming reply); StoreError if the session is gone."""
         row = {"content": content, "token_ids": json.dumps(token_ids)}
         row.update({k: v for k, v in stats.items() if k in _STATS})
+        if stats.get("tool_calls"):
+            row["tool_calls"] = json.dumps(stats["tool_calls"], ensure_ascii=False)
         with self._db() as db:
             if not self._owned(db, user_id, session_id):
                 raise StoreError(f"session {session_id} does not exist or does not belong to this user")
@@ -185,6 +189,7 @@ class Store:
             rows = list(db["messages"].rows_where("session_id = ? and replaced is null", [session_id], order_by="id"))
         for row in rows:
             row["token_ids"] = json.loads(row["token_ids"] or "[]")
+            row["tool_calls"] = json.loads(row.get("tool_calls") or "[]")
         return rows
 
     def delete_messages_from(self, user_id: str, session_id: str, message_id: int) -> None:
@@ -252,4 +257,5 @@ def _assistant_row(row: dict) -> dict:
     row["sampling"] = json.loads(row["sampling"] or "{}")
     row["quick_replies"] = json.loads(row.get("quick_replies") or "[]")
     row["canned"] = json.loads(row.get("canned") or "{}")
+    row["tools"] = json.loads(row.get("tools") or "[]")
     return row

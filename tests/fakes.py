@@ -23,6 +23,7 @@ class FakeEngineClient:
         self.gate: asyncio.Event | None = None  # when set, each token waits for it (a slow engine)
         self.die_after: int | None = None  # when set, the engine goes away after this many tokens
         self.switches: list[tuple] = []
+        self.next_replies: list[str] = []  # when set, each request takes the first as its reply instead
 
     @property
     def ready(self) -> bool:
@@ -42,7 +43,9 @@ class FakeEngineClient:
         request_id = request_id or f"fake-{len(self.requests)}"
         self.requests.append({"prompt": ids, "params": params, "request_id": request_id, "session_id": session_id,
                               "cache_salt": cache_salt})
-        tokens = self.reply_ids[:params.max_tokens] if params.max_tokens else self.reply_ids
+        reply = (self.info.tokenizer.encode(self.next_replies.pop(0), add_special_tokens=False) if self.next_replies
+                 else self.reply_ids)
+        tokens = reply[:params.max_tokens] if params.max_tokens else reply
         arrival, done = time.time(), False
         try:
             for n in range(1, len(tokens) + 1):

@@ -28,7 +28,7 @@ async def drain(gen):
 
 @pytest.fixture
 def shop(smol_tokenizer, tmp_path):
-    fake = FakeEngineClient(smol_tokenizer)
+    fake = FakeEngineClient(smol_tokenizer, max_model_len=1024)
     store = Store(str(tmp_path / "chat.db"))
     return SimpleNamespace(fake=fake, store=store, chat=ChatHandlers(fake, store, demo=False),
                            inbox=InboxHandlers(store, {"alex", "kim"}), path=str(tmp_path / "chat.db"))

@@ -1,5 +1,5 @@
 """Assistants: what an operator defines for a deployment (name, system prompt, greeting, sampling,
-model), stored as versions in SQLite (storage/store.py). A chat keeps the version it started with;
+model, tools), stored as versions in SQLite (storage/store.py). A chat keeps the version it started with;
 an edit applies to new chats. Customers pick none of it: an assistant is served at
 /chat/<slug>, and its prompt and sampling never reach a customer's browser."""
 from __future__ import annotations
@@ -8,6 +8,8 @@ import re
 
 from engine.errors import ParameterError
 from engine.sampling_params import SamplingParams
+from storage import orders
+from ui import actions
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
 
 DEFAULT_SLUG = "support"
@@ -25,7 +27,8 @@ SAMPLING_KEYS = tuple(SAMPLING_RANGES)
 DEFAULT = {"name": "Sam, Northwind Outfitters support", "system_prompt": CUSTOMER_SERVICE_PROMPT,
            "greeting": "Hi, I'm Sam from Northwind Outfitters. How can I help you today?",
            "sampling": {"max_tokens": 256, "repetition_penalty": CHAT_REPETITION_PENALTY}, "model": "",
-           "quick_replies": ["Where is my order?", "How do I return an item?", "주문 조회", "Talk to a person"],
+           "quick_replies": ["Where is my order NW20481377?", "How do I return an item?", "주문 조회", "Talk to a person"],
+           "tools": actions.DEFAULT_TOOLS,
            "canned": {"/label": "I have emailed you a prepaid return label; drop the parcel at any post office "
                                 "within thirty days.",
                       "/refund": "Refunds go back to your original payment method within five to seven business "
@@ -62,7 +65,7 @@ def check(slug: str, fields: dict) -> dict:
     SamplingParams(**sampling)  # what the engine would refuse besides
     return {"name": name, "system_prompt": prompt, "greeting": greeting, "sampling": sampling,
             "model": str(fields.get("model") or ""), "quick_replies": _quick_replies(fields.get("quick_replies")),
-            "canned": _canned(fields.get("canned"))}
+            "canned": _canned(fields.get("canned")), "tools": actions.check(fields.get("tools"))}
 
 
 def _quick_replies(items) -> list[str]:
@@ -113,9 +116,11 @@ def save(store, slug: str, fields: dict, by: str) -> int:
 
 
 def ensure_default(store) -> None:
-    """A new database gets the shipped assistant, so /chat/support answers from the first start."""
+    """A new database gets the shipped assistant, so /chat/support answers from the first start, and
+    the sample orders its lookup_order reads."""
     if not store.assistants():
         save(store, DEFAULT_SLUG, DEFAULT, "pagedchat")
+        orders.seed_sample(store)
 
 
 def sampling_for(info, assistant: dict) -> SamplingParams:

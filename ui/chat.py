@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import html
 import logging
 import re
 import time
 import uuid
 
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from server.limits import UserLimiter
 from storage import StoreError
-from ui.conversation import build_prompt
+from engine.tools import NO_CALL_GRAMMAR, ToolCallParser, ToolPlan
+from ui import actions
+from ui.conversation import build_prompt, chat_messages, extend, template_text
 
 log = logging.getLogger("pagedchat.ui")
 
@@ -60,10 +64,37 @@ def stamp(m: dict) -> str:
     return time.strftime("%H:%M" if today else "%d %b %H:%M", created)
 
 
+def tool_lines(calls: list[dict], running: bool = False) -> str:
+    """A reply's tool calls, folded under it: what was asked and what came back; a failure also as
+    a line of its own. `running`: a call is being written or run."""
+    parts = []
+    for c in calls:
+        if c.get("error"):
+            parts.append(f"⚠️ {c['error']}")
+        result = c.get("result")
+        shown = "…" if result is None else html.escape(result)
+        parts.append(f"<details><summary>🔧 {c['name']}</summary>\n\n<pre>{html.escape(c['arguments'])}\n→ "
+                     f"{shown}</pre></details>")
+    if running and not calls:
+        parts.append("🔧 …")
+    return ("\n\n" + "\n\n".join(parts)) if parts else ""
+
+
+def in_flight(text: str, calls: list[dict], running: bool) -> dict:
+    """The reply as it is being written (or its tool runs)."""
+    return {"role": "assistant", "content": (text or "") + tool_lines(calls, running)}
+
+
+def with_grammar(params: SamplingParams, grammar: str) -> SamplingParams:
+    stepped = copy.copy(params)
+    stepped.structured_outputs = StructuredOutputsParams(grammar=grammar)
+    return stepped
+
+
 def display(messages: list[dict]) -> list[dict]:
     """Stored messages -> gr.Chatbot's list of {"role", "content"}, with their footers."""
-    return [{"role": m["role"], "content": m["content"] + (reply_footer(m) if m["role"] == "assistant"
-                                                           else user_footer(m))} for m in messages]
+    return [{"role": m["role"], "content": m["content"] + tool_lines(m.get("tool_calls") or [])
+             + (reply_footer(m) if m["role"] == "assistant" else user_footer(m))} for m in messages]
 
 
 def customer_display(messages: list[dict]) -> list[dict]:
@@ -72,7 +103,8 @@ def customer_display(messages: list[dict]) -> list[dict]:
     def footer(m: dict) -> str:
         person = author_name(m) if m["role"] == "assistant" else None
         return f"\n\n<sub>{stamp(m)}{f' · 👤 {person}' if person else ''}</sub>"
-    return [{"role": m["role"], "content": m["content"] + footer(m)} for m in messages]
+    return [{"role": m["role"], "content": m["content"] + tool_lines(m.get("tool_calls") or []) + footer(m)}
+            for m in messages]
 
 
 FOOTER = re.compile(r"\n\n<sub>.*</sub>\s*$", re.S)
@@ -94,11 +126,14 @@ class ChatService:
     """Everything a chat event needs: the engine client, the store, the active requests per tab."""
 
     def __init__(self, client: EngineClient, store, limiter: UserLimiter | None = None,
-                 salt_by_user: bool = False, render=display) -> None:
+                 salt_by_user: bool = False, render=display, tools_for=None, on_handoff=None) -> None:
         """limiter: the per-user cap shared with the API. salt_by_user: each user's turns reuse only
         their own cached prefixes (cache_salt = the user). render: stored messages -> what the
-        chatbot shows (display, or customer_display)."""
+        chatbot shows (display, or customer_display). tools_for(session): the chat's tools
+        (ui/actions.ChatTool); on_handoff(session_id): what the built-in handoff tool does."""
         self.render = render
+        self.tools_for = tools_for or (lambda session: [])
+        self.on_handoff = on_handoff or (lambda session_id: None)
         self.client = client
         self.store = store
         self.limiter = limiter or UserLimiter(0)
@@ -132,19 +167,22 @@ class ChatService:
             raise ValueError("this chat does not exist or is not yours")
         history = self.store.messages(user, session_id)
         model = info.name
+        tools = self.tools_for(session)
+        plan = ToolPlan([t.tool for t in tools], "auto", False) if tools else None
         if regenerate:
             last_user = history[-1] if history and history[-1]["role"] == "user" else None
             if last_user is None:
                 raise ValueError("nothing to regenerate")
-            prompt_ids, shown = last_user["token_ids"], history
+            prompt_ids, shown, last_text = last_user["token_ids"], history, last_user["content"]
+            window = history[:-1][last_user.get("trimmed_turns") or 0:]
             same_model = not history[:-1] or history[-2].get("model") in (None, "", model)
             if not prompt_ids or not same_model:  # built for another model: render again
                 prompt_ids = build_prompt(info.tokenizer, session["system_prompt"], history[:-1],
-                                          last_user["content"], model, self._limit(info, params)).token_ids
+                                          last_user["content"], model, self._limit(info, params), plan).token_ids
         else:
             prompt = build_prompt(info.tokenizer, session["system_prompt"], history, text, model,
-                                  self._limit(info, params))
-            prompt_ids = prompt.token_ids
+                                  self._limit(info, params), plan)
+            prompt_ids, last_text, window = prompt.token_ids, text, history[prompt.trimmed:]
             if len(prompt_ids) >= info.max_model_len:
                 raise ValueError(f"this message makes the conversation {len(prompt_ids)} tokens long; the model "
                                  f"takes {info.max_model_len}. Start a new chat or send a shorter message.")
@@ -154,16 +192,39 @@ class ChatService:
                 self.store.update_session(user, session_id, title=text[:40])
             shown = self.store.messages(user, session_id)
             yield self.render(shown) + [TYPING], False  # the message shows at once; the reply streams under it
-        request_id = f"chat-{uuid.uuid4().hex[:12]}"
         reply = ReplyWriter(self.store, user, session_id, prompt_ids, model)
-        self.active.setdefault(tab, set()).add(request_id)
+        salt = f"user:{user}" if self.salt_by_user else None
         try:
-            stream = self.client.generate(prompt_ids, params, request_id=request_id, session_id=session_id,
-                                          cache_salt=f"user:{user}" if self.salt_by_user else None)
-            async with contextlib.aclosing(stream):  # leaving early aborts the engine request
-                async for out in stream:
+            first = params
+            if plan is not None:
+                tool = actions.triggered(tools, last_text)
+                first = with_grammar(params, ToolPlan(plan.tools, tool.name if tool else "auto", False).grammar)
+            parser = ToolCallParser()
+            async for out in self._generate(prompt_ids, first, tab, session_id, salt):
+                parser.feed(out.delta_text)  # a reply without a call is stored as written, token for token
+                visible = parser.content if parser.in_call else out.outputs[0].text
+                reply.save(out, "streaming", visible)
+                yield self.render(shown) + [in_flight(visible, [], parser.in_call)], False
+            if parser.calls and reply.last.outputs[0].finish_reason == "stop":
+                call, tool = parser.calls[0], next(t for t in tools if t.name == parser.calls[0].name)
+                record = {"id": call.id, "name": call.name, "arguments": call.arguments,
+                          "text": reply.last.outputs[0].text}
+                yield self.render(shown) + [in_flight(parser.content, [record], True)], False
+                result = await asyncio.to_thread(actions.run, tool, call.arguments, self.store,
+                                                 lambda reason: self.on_handoff(session_id))
+                record.update(result=result.text, error=result.error)
+                messages = chat_messages(session["system_prompt"], window + [{"role": "user", "content": last_text}])
+                context = prompt_ids + reply.last.outputs[0].token_ids
+                prompt_2 = extend(info.tokenizer, context, template_text(info.tokenizer, messages + [
+                    {"role": "assistant", "content": "", "call_text": record["text"],
+                     "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.name,
+                                                                                      "arguments": call.arguments}}]},
+                    {"role": "tool", "tool_call_id": call.id, "content": result.text}], plan)).token_ids
+                reply.next_step(prompt_2, [record])
+                async for out in self._generate(prompt_2, with_grammar(params, NO_CALL_GRAMMAR), tab, session_id,
+                                                salt):
                     reply.save(out, "streaming")
-                    yield self.render(shown) + [{"role": "assistant", "content": out.outputs[0].text}], False
+                    yield self.render(shown) + [in_flight(out.outputs[0].text, [record], False)], False
         except (ValueError, EngineDeadError, EngineOverloadedError) as e:
             if reply.last is None:
                 if not regenerate:  # refused at admission: the text stays in the box, unsent
@@ -176,10 +237,21 @@ class ChatService:
         except (asyncio.CancelledError, GeneratorExit):  # Stop, a closed tab, or the event closed
             reply.finish("abort")
             raise
-        finally:
-            self.active.get(tab, set()).discard(request_id)
         reply.finish(reply.last.outputs[0].finish_reason if reply.last else None)
         yield self.render(self.store.messages(user, session_id)), True
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, tab: str, session_id: str, salt):
+        """One engine request, aborted if the turn is left early; the tab can stop it meanwhile."""
+        request_id = f"chat-{uuid.uuid4().hex[:12]}"
+        self.active.setdefault(tab, set()).add(request_id)
+        try:
+            stream = self.client.generate(prompt_ids, params, request_id=request_id, session_id=session_id,
+                                          cache_salt=salt)
+            async with contextlib.aclosing(stream):  # leaving early aborts the engine request
+                async for out in stream:
+                    yield out
+        finally:
+            self.active.get(tab, set()).discard(request_id)
 
     @staticmethod
     def _limit(info, params: SamplingParams) -> int:
@@ -204,12 +276,23 @@ class ReplyWriter:
         self.store, self.user, self.session_id, self.prompt_ids, self.model = store, user, session_id, prompt_ids, model
         self.message_id: int | None = None
         self.last = None  # the latest RequestOutput
+        self.content: str | None = None  # the text to store, where it is not the output's (a call's step)
+        self.prefix_ids: list[int] = []  # a tool step's tokens before this step's: its call and the result
+        self.tool_calls: list[dict] = []
+        self._step_before = None
         self._saved_at = 0.0
 
-    def save(self, out, reason: str) -> None:
-        self.last = out
+    def save(self, out, reason: str, content: str | None = None) -> None:
+        self.last, self.content = out, content
         if self.message_id is None or time.monotonic() - self._saved_at >= self.SAVE_EVERY_S:
             self._write(reason)
+
+    def next_step(self, prompt_ids: list[int], tool_calls: list[dict]) -> None:
+        """After a call: the reply goes on from `prompt_ids` (the turn's prompt, the call, its result);
+        the stored token ids stay everything after the turn's own prompt."""
+        self.prefix_ids += prompt_ids[len(self.prompt_ids):]
+        self.prompt_ids, self.tool_calls, self.content = prompt_ids, tool_calls, ""
+        self._step_before = self.last  # until this step's first token, the last output is the call's
 
     def finish(self, reason: str | None) -> None:
         if self.last is not None:
@@ -225,10 +308,11 @@ class ReplyWriter:
                       cached_tokens=out.num_cached_tokens, generated_tokens=n,
                       ttft=m.time_to_first_token if m else None,
                       tokens_per_s=(n - 1) / (end - first) if first and n > 1 and end > first else None)
+        text = completion.text if self.content is None else self.content
+        step_ids = [] if out is self._step_before else completion.token_ids
+        ids, fields["tool_calls"] = self.prefix_ids + step_ids, self.tool_calls
         if self.message_id is None:
-            self.message_id = self.store.add_message(self.user, self.session_id, "assistant", completion.text,
-                                                     completion.token_ids, **fields)
+            self.message_id = self.store.add_message(self.user, self.session_id, "assistant", text, ids, **fields)
         else:
-            self.store.update_message(self.user, self.session_id, self.message_id, completion.text,
-                                      completion.token_ids, **fields)
+            self.store.update_message(self.user, self.session_id, self.message_id, text, ids, **fields)
         self._saved_at = time.monotonic()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from engine.tools import ToolPlan, template_inputs, template_knows_tools
+
 log = logging.getLogger("pagedchat.conversation")
 
 
@@ -22,52 +24,74 @@ class Prompt:
 
 
 def chat_messages(system_prompt: str, history: list[dict]) -> list[dict]:
+    """Stored messages -> the template's. A reply that used tools is what the model saw: its call
+    (the text it wrote), each result as a tool message, then the answer."""
     msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return msgs + [{"role": m["role"], "content": m["content"]} for m in history]
+    for m in history:
+        calls = m.get("tool_calls") or []
+        if m["role"] == "assistant" and calls:
+            msgs.append({"role": "assistant", "content": "", "call_text": calls[0].get("text"),
+                         "tool_calls": [{"id": c["id"], "type": "function",
+                                         "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]})
+            msgs += [{"role": "tool", "tool_call_id": c["id"], "content": c["result"]} for c in calls]
+        msgs.append({"role": m["role"], "content": m["content"]})
+    return msgs
+
+
+def template_text(tokenizer, messages: list[dict], plan: ToolPlan | None = None) -> str:
+    msgs, extra = template_inputs(messages, plan, template_knows_tools(tokenizer))
+    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **extra)
+
+
+def extend(tokenizer, context_ids: list[int], full_text: str) -> Prompt:
+    """`context_ids` (what the engine saw) followed by the rest of `full_text`, if the context is its
+    prefix, token for token; else the whole text encoded again (Prompt.fallback says why)."""
+    context_text = tokenizer.decode(context_ids, skip_special_tokens=False)
+    if not full_text.startswith(context_text):
+        at = next((i for i, (a, b) in enumerate(zip(full_text, context_text)) if a != b),
+                  min(len(full_text), len(context_text)))
+        why = (f"stored tokens diverge from the template at character {at}: "
+               f"{context_text[at:at + 30]!r} vs {full_text[at:at + 30]!r}")
+        log.info("full re-render of the conversation: %s", why)
+        return Prompt(tokenizer.encode(full_text, add_special_tokens=False), 0, why)
+    suffix = tokenizer.encode(full_text[len(context_text):], add_special_tokens=False)
+    return Prompt(context_ids + suffix, len(context_ids))
 
 
 def build_prompt(tokenizer, system_prompt: str, history: list[dict], new_text: str, model: str,
-                 limit: int | None = None) -> Prompt:
+                 limit: int | None = None, plan: ToolPlan | None = None) -> Prompt:
     """history: stored messages (role, content, token_ids, model, trimmed_turns), oldest first. The
     last user message's token_ids are that turn's whole prompt; an assistant message's, its reply.
     `limit`: the most tokens the prompt may take; past it, older turns are dropped, two messages at a
     time (a prompt that cannot fit even then is returned as it is, for the caller to refuse)."""
     skip = _previous_window(history)
-    prompt = _render(tokenizer, system_prompt, history, skip, new_text, model)
+    prompt = _render(tokenizer, system_prompt, history, skip, new_text, model, plan)
     if limit is not None and len(prompt.token_ids) > limit:
         # Trim to three quarters of the limit, so the next turns fit the same window token-exact.
         while len(prompt.token_ids) > limit * 3 // 4 and skip + 2 <= len(history):
             skip += 2
             prompt = _fallback(tokenizer, system_prompt, history[skip:], new_text,
-                               f"{skip} oldest messages left out to fit {limit} tokens")
+                               f"{skip} oldest messages left out to fit {limit} tokens", plan)
     prompt.trimmed = skip
     return prompt
 
 
-def _render(tokenizer, system_prompt: str, history: list[dict], skip: int, new_text: str, model: str) -> Prompt:
+def _render(tokenizer, system_prompt: str, history: list[dict], skip: int, new_text: str, model: str,
+            plan: ToolPlan | None) -> Prompt:
     window = history[skip:]
     previous = _previous_context(history)
     if previous is None:
-        return _fallback(tokenizer, system_prompt, window, new_text, None)
+        return _fallback(tokenizer, system_prompt, window, new_text, None, plan)
     context_ids, context_model = previous
     if context_model != model:
         return _fallback(tokenizer, system_prompt, window, new_text,
-                         f"model changed from {context_model!r} to {model!r}")
-    full_text = _template(tokenizer, system_prompt, window, new_text)
-    context_text = tokenizer.decode(context_ids, skip_special_tokens=False)
-    if not full_text.startswith(context_text):
-        at = next((i for i, (a, b) in enumerate(zip(full_text, context_text)) if a != b),
-                  min(len(full_text), len(context_text)))
-        return _fallback(tokenizer, system_prompt, window, new_text,
-                         f"stored tokens diverge from the template at character {at}: "
-                         f"{context_text[at:at + 30]!r} vs {full_text[at:at + 30]!r}")
-    suffix = tokenizer.encode(full_text[len(context_text):], add_special_tokens=False)
-    return Prompt(context_ids + suffix, len(context_ids))
+                         f"model changed from {context_model!r} to {model!r}", plan)
+    return extend(tokenizer, context_ids, _template(tokenizer, system_prompt, window, new_text, plan))
 
 
-def _template(tokenizer, system_prompt: str, window: list[dict], new_text: str) -> str:
-    messages = chat_messages(system_prompt, window) + [{"role": "user", "content": new_text}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def _template(tokenizer, system_prompt: str, window: list[dict], new_text: str, plan: ToolPlan | None) -> str:
+    return template_text(tokenizer, chat_messages(system_prompt, window) + [{"role": "user", "content": new_text}],
+                         plan)
 
 
 def _previous_window(history: list[dict]) -> int:
@@ -86,8 +110,9 @@ def _previous_context(history: list[dict]) -> tuple[list[int], str] | None:
     return user["token_ids"] + reply["token_ids"], reply.get("model") or ""
 
 
-def _fallback(tokenizer, system_prompt: str, window: list[dict], new_text: str, why: str | None) -> Prompt:
+def _fallback(tokenizer, system_prompt: str, window: list[dict], new_text: str, why: str | None,
+              plan: ToolPlan | None) -> Prompt:
     if why:
         log.info("full re-render of the conversation: %s", why)
-    return Prompt(tokenizer.encode(_template(tokenizer, system_prompt, window, new_text),
+    return Prompt(tokenizer.encode(_template(tokenizer, system_prompt, window, new_text, plan),
                                    add_special_tokens=False), 0, why)

@@ -16,7 +16,7 @@ from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import TooManyRequestsError, UserLimiter
 from storage.handoff import Handoff
-from ui import assistants, transfer
+from ui import actions, assistants, transfer
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import TYPING, ChatService, ReplyCut, customer_display, display, feedback_values, plain_text
 from ui.i18n import say, wants_person
@@ -34,9 +34,14 @@ class ChatHandlers:
         self.visitors = visitors
         self.demo = demo
         self.display = display if demo else customer_display
-        self.service = ChatService(client, store, limiter, salt_by_user, self.display)
         self.handoff = Handoff(store)
+        self.service = ChatService(client, store, limiter, salt_by_user, self.display, self.tools_of, self.handoff.ask)
         assistants.ensure_default(store)
+
+    def tools_of(self, session: dict) -> list:
+        """The tools of the assistant version a chat started with."""
+        a = self.store.assistant(session.get("assistant") or assistants.DEFAULT_SLUG, session.get("assistant_version"))
+        return actions.chat_tools(a["tools"]) if a else []
 
     # ---- identity -----------------------------------------------------------------------
     def who(self, known: str | None, request: gr.Request) -> str:

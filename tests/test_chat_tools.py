@@ -1,0 +1,122 @@
+"""Fast tier: the chat's tool loop against a scripted engine and a real store: a triggered call is
+run, its result goes back to the model as a tool message, the answer is stored with the call, and
+the next turn continues token for token; failures become a line in the chat, never a crash."""
+import asyncio
+import json
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from engine.tools import ToolPlan, call_text
+from storage import Store
+from tests.fakes import FakeEngineClient
+from ui import actions
+from ui.handlers import ChatHandlers
+
+ASK = "Where is my order NW20481377?"
+CALL = call_text("lookup_order", {"order_id": "NW20481377"})
+ANSWER = " Your tent shipped with UPS and should arrive on December 4."
+
+
+def tab(name="alice"):
+    return SimpleNamespace(username=name, session_hash="tab-1")
+
+
+@pytest.fixture
+def fake(smol_tokenizer):
+    return FakeEngineClient(smol_tokenizer, max_model_len=4096)
+
+
+@pytest.fixture
+def chat(fake, tmp_path):
+    return ChatHandlers(fake, Store(str(tmp_path / "chat.db")), demo=False)
+
+
+def send(chat, text, who="alice"):
+    async def run():
+        uid, sid = chat.current(None, None, tab(who))
+        return uid, sid, [u async for u in chat.send(uid, sid, text, request=tab(who))]
+    return asyncio.run(run())
+
+
+def test_an_order_number_calls_lookup_order_and_the_answer_comes_from_its_result(chat, fake):
+    fake.next_replies = [CALL, ANSWER]
+    uid, sid, updates = send(chat, ASK)
+    first, second = fake.requests[-2:]
+    tools = [t.tool for t in actions.chat_tools(actions.DEFAULT_TOOLS)]
+    assert first["params"].structured_outputs.grammar == ToolPlan(tools, "lookup_order", False).grammar
+    decode = fake.info.tokenizer.decode
+    assert "lookup_order" in decode(first["prompt"])  # the tools are in the prompt
+    assert second["prompt"][:len(first["prompt"])] == first["prompt"]  # the same prefix, then the call
+    tail = decode(second["prompt"][len(first["prompt"]):])
+    assert tail.startswith(CALL) and '"status": "shipped"' in tail and "UPS" in tail and "dana@" not in tail
+    reply = chat.store.messages(uid, sid)[-1]
+    assert reply["content"] == ANSWER and reply["finish_reason"] == "stop"
+    (record,) = reply["tool_calls"]
+    assert record["name"] == "lookup_order" and json.loads(record["arguments"]) == {"order_id": "NW20481377"}
+    assert json.loads(record["result"])["carrier"] == "UPS" and record["error"] is None
+    shown = updates[-1][0][-1]["content"]
+    assert "<details>" in shown and "lookup_order" in shown and CALL not in shown
+    # the next turn starts with every token the engine saw: prompt, call, result, answer
+    fake.next_replies = ["Anything else?"]
+    send(chat, "Thanks!")
+    assert fake.requests[-1]["prompt"][:len(second["prompt"])] == second["prompt"]
+    assert fake.requests[-1]["prompt"][len(second["prompt"]):][:len(reply["token_ids"]) - (
+        len(second["prompt"]) - len(first["prompt"]))] == fake.info.tokenizer.encode(ANSWER, add_special_tokens=False)
+
+
+def test_an_unknown_order_is_a_result_the_model_reads(chat, fake):
+    fake.next_replies = [call_text("lookup_order", {"order_id": "NW99999999"}), " I could not find that order."]
+    uid, sid, _ = send(chat, "Where is NW99999999?")
+    record = chat.store.messages(uid, sid)[-1]["tool_calls"][0]
+    assert "no order NW99999999" in record["result"] and record["error"] is None
+
+
+def test_a_message_without_a_trigger_leaves_the_choice_to_the_model(chat, fake):
+    send(chat, "What are your hours?")
+    tools = [t.tool for t in actions.chat_tools(actions.DEFAULT_TOOLS)]
+    assert fake.requests[-1]["params"].structured_outputs.grammar == ToolPlan(tools, "auto", False).grammar
+
+
+def test_the_handoff_tool_asks_for_a_person(chat, fake):
+    fake.next_replies = [call_text("handoff", {"reason": "the customer is upset"}), " A colleague will join you."]
+    uid, sid, _ = send(chat, "This is useless.")
+    assert chat.handoff.state(sid)["state"] == "waiting"
+    assert chat.store.messages(uid, sid)[-1]["content"] == " A colleague will join you."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_tool_that_cannot_be_reached_is_a_clear_line_and_the_reply_goes_on(chat, fake):
+    tools = [{"name": "track", "url": f"http://127.0.0.1:{free_port()}/track", "method": "GET", "timeout_s": 2,
+              "when": r"\btrack\b", "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}]
+    a = chat.store.assistant("support")
+    chat.store.save_assistant("support", {**a, "tools": actions.check(tools)}, "op")
+    fake.next_replies = [call_text("track", {"code": "1Z"}), " Sorry, tracking is down right now."]
+    uid, sid, updates = send(chat, "Please track 1Z")
+    reply = chat.store.messages(uid, sid)[-1]
+    assert reply["content"] == " Sorry, tracking is down right now."
+    assert "could not be reached" in reply["tool_calls"][0]["error"]
+    assert "⚠️ track could not be reached" in updates[-1][0][-1]["content"]
+    assert "error" in json.loads(reply["tool_calls"][0]["result"])
+
+
+@pytest.mark.parametrize("entries, fragment", [
+    ([{"builtin": "refund_everything"}], "builtin"),
+    ([{"name": "x", "url": "ftp://files"}], "url"),
+    ([{"name": "x", "url": "http://a", "timeout_s": 600}], "timeout_s"),
+    ([{"builtin": "handoff", "when": "(("}], "when"),
+    ([{"name": "x", "url": "http://a", "parameters": {"type": "object", "properties": {"y": {"type": "nope"}}}}],
+     "grammar"),
+    ([{"builtin": "handoff"}, {"builtin": "handoff"}], "twice"),
+    ("not json", "tools"),
+])
+def test_bad_tool_entries_are_refused_naming_the_problem(entries, fragment):
+    with pytest.raises(ValueError) as e:
+        actions.check(entries)
+    assert fragment in str(e.value)

@@ -8,7 +8,7 @@ import argparse
 import csv
 import re
 
-ORDER_ID = re.compile(r"\bNW-?\d{8}\b", re.I)
+ORDER_ID = re.compile(r"\b[A-Z]{2}-?\d{8}\b", re.I)  # any shop's two letters: a wrong prefix is looked up, not found
 FIELDS = ("order_id", "email", "status", "items", "carrier", "tracking", "placed", "delivery")
 SAMPLE = [
     ("NW20481377", "dana@example.com", "shipped", "2-person tent (green)", "UPS", "1Z999AA10123456784", "2026-11-27",
@@ -44,6 +44,20 @@ def lookup(store, order_id: str) -> dict | None:
     with store._db() as db:
         rows = list(db["orders"].rows_where("order_id = ?", [normalise(order_id)]))
     return {k: v for k, v in rows[0].items() if k != "email" and v} if rows else None
+
+
+def describe(order: dict | None, order_id: str) -> str:
+    """An order as plain sentences: small models repeat these more faithfully than JSON."""
+    if order is None:
+        return f"There is no order {normalise(order_id)}. Ask the customer to check the number (NW and eight digits)."
+    parts = [f"Order {order['order_id']} is {order['status']}."]
+    if order.get("items"):
+        parts.append(f"Items: {order['items']}.")
+    if order.get("carrier"):
+        parts.append(f"Carrier: {order['carrier']}, tracking number {order.get('tracking') or 'not yet known'}.")
+    if order.get("delivery"):
+        parts.append(f"Delivery: {order['delivery']}.")
+    return " ".join(parts)
 
 
 def import_csv(store, path: str) -> int:

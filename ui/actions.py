@@ -27,7 +27,7 @@ MAX_TOOLS, MAX_RESULT_CHARS, MAX_TIMEOUT_S, DEFAULT_TIMEOUT_S = 8, 2000, 30.0, 5
 
 BUILTINS = {
     "lookup_order": Tool("lookup_order", "an order's status, items, carrier, tracking and delivery date",
-                         {"type": "object", "properties": {"order_id": {"type": "string", "pattern": r"^NW-?[0-9]{8}$"}},
+                         {"type": "object", "properties": {"order_id": {"type": "string", "pattern": r"^[A-Z]{2}-?[0-9]{8}$"}},
                           "required": ["order_id"], "additionalProperties": False}),
     "handoff": Tool("handoff", "hand the chat to a person from the team",
                     {"type": "object", "properties": {"reason": {"type": "string", "maxLength": 200}},
@@ -139,11 +139,9 @@ def run(tool: ChatTool, arguments: str, store, handoff: Callable[[str], None]) -
 
 def _builtin(name: str, args: dict, store, handoff) -> str:
     if name == "lookup_order":
-        found = orders.lookup(store, args["order_id"])
-        return json.dumps(found or {"error": f"no order {orders.normalise(args['order_id'])} was found"},
-                          ensure_ascii=False)
+        return orders.describe(orders.lookup(store, args["order_id"]), args["order_id"])
     handoff(str(args.get("reason") or ""))
-    return json.dumps({"status": "a person from the team has been asked to join this chat"})
+    return "A person from the team has been asked to join this chat; tell the customer they will be with them shortly."
 
 
 def _http(config: dict, args: dict) -> str:

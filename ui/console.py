@@ -4,6 +4,7 @@ Anyone else sees one line saying so, and every handler checks again (a visitor c
 endpoint directly is refused)."""
 from __future__ import annotations
 
+import json
 import time
 from types import SimpleNamespace
 
@@ -34,19 +35,20 @@ class AssistantEditor:
 
     def show(self, slug: str, request: gr.Request):
         """(address, name, prompt, greeting, temperature, top_p, max tokens, penalty, model, quick
-        replies, canned responses, versions); nothing for anyone but an operator."""
+        replies, canned responses, tools, versions); nothing for anyone but an operator."""
         if not self.operator.is_operator(request):
-            return (gr.update(),) * 12
+            return (gr.update(),) * 13
         a = self.store.assistant(slug) if slug and slug != NEW else None
         if a is None:
-            return ("", "", "", "", None, None, None, None, "", "", "", self.versions(request))
+            return ("", "", "", "", None, None, None, None, "", "", "", "[]", self.versions(request))
         s = a["sampling"]
         return (a["assistant"], a["name"], a["system_prompt"], a["greeting"], s.get("temperature"), s.get("top_p"),
                 s.get("max_tokens"), s.get("repetition_penalty"), a["model"], "\n".join(a["quick_replies"]),
-                assistants.format_canned(a["canned"]), self.versions(request))
+                assistants.format_canned(a["canned"]), json.dumps(a["tools"], indent=1, ensure_ascii=False),
+                self.versions(request))
 
     def save(self, slug, name, prompt, greeting, temperature, top_p, max_tokens, penalty, model, quick="",
-             canned="", request: gr.Request = None):
+             canned="", tools="[]", request: gr.Request = None):
         """A new version; new chats take it, chats already started keep theirs."""
         self.operator._check(request)
         slug = (slug or "").strip()
@@ -54,7 +56,8 @@ class AssistantEditor:
             fields = {"name": name, "system_prompt": prompt, "greeting": greeting, "model": model,
                       "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
                                    "repetition_penalty": penalty},
-                      "quick_replies": (quick or "").splitlines(), "canned": assistants.parse_canned(canned)}
+                      "quick_replies": (quick or "").splitlines(), "canned": assistants.parse_canned(canned),
+                      "tools": tools}
             version = assistants.save(self.store, slug, fields, getattr(request, "username", None) or "operator")
         except ValueError as e:
             return f"❌ {e}", gr.update(), gr.update()
@@ -133,7 +136,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         console.load(face, None, [refused, agent_body, body], **PRIVATE)
         wire_inbox(console, inbox_timer, inbox, box)
         fields = [edit.slug, edit.name, edit.prompt, edit.greeting, edit.temperature, edit.top_p, edit.max_tokens,
-                  edit.penalty, edit.model, edit.quick, edit.canned]
+                  edit.penalty, edit.model, edit.quick, edit.canned, edit.tools]
         console.load(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)
         edit.pick.input(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)
         edit.save_btn.click(editor.save, fields, [edit.status, edit.pick, edit.versions], **PRIVATE)
@@ -169,6 +172,10 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
                            lines=3, elem_id="assistant-quick")
         canned = gr.Textbox(label="Canned responses for agents, `/shortcut: the response` per line", lines=4,
                             elem_id="assistant-canned")
+        tools = gr.Code("[]", language="json", label="Tools (JSON): built-ins {\"builtin\": \"lookup_order\" | "
+                        "\"handoff\", \"when\": regex}, or HTTP {\"name\", \"description\", \"url\", \"method\", "
+                        "\"parameters\", \"timeout_s\", \"secret_file\", \"secret_header\", \"when\"}",
+                        elem_id="assistant-tools")
         save_btn = gr.Button("Save as a new version", variant="primary", elem_id="assistant-save")
         status = gr.Markdown(elem_id="assistant-status")
         versions = gr.Dataframe(headers=VERSION_COLUMNS, interactive=False, elem_id="assistant-versions")

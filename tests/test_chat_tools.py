@@ -110,7 +110,7 @@ def test_a_tool_that_cannot_be_reached_is_a_clear_line_and_the_reply_goes_on(cha
     reply = chat.store.messages(uid, sid)[-1]
     assert reply["content"] == " Sorry, tracking is down right now."
     assert "could not be reached" in reply["tool_calls"][0]["error"]
-    assert "⚠️ track could not be reached" in updates[-1][0][-1]["content"]
+    assert "⚠ track could not be reached" in updates[-1][0][-1]["content"]
     assert "error" in json.loads(reply["tool_calls"][0]["result"])
 
 

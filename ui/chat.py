@@ -70,13 +70,12 @@ def tool_lines(calls: list[dict], running: bool = False) -> str:
     parts = []
     for c in calls:
         if c.get("error"):
-            parts.append(f"⚠️ {c['error']}")
-        result = c.get("result")
-        shown = "…" if result is None else html.escape(result)
-        parts.append(f"<details><summary>🔧 {c['name']}</summary>\n\n<pre>{html.escape(c['arguments'])}\n→ "
-                     f"{shown}</pre></details>")
+            parts.append(f"⚠ {html.escape(c['error'])}")
+        result = "…" if c.get("result") is None else html.escape(c["result"])
+        parts.append(f"<details><summary>Tool · {c['name']}</summary>\n\n<code>{html.escape(c['arguments'])}</code>"
+                     f"\n\n→ {result}\n\n</details>")
     if running and not calls:
-        parts.append("🔧 …")
+        parts.append("Tool · …")
     return ("\n\n" + "\n\n".join(parts)) if parts else ""
 
 

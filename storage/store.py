@@ -225,9 +225,10 @@ class Store:
                 "where m.feedback is not null order by m.feedback_at desc"))
             for row in rows:
                 row["conversation"] = [
-                    {"role": r["role"], "content": r["content"], **({"author": r["author"]} if r["author"] else {})}
-                    for r in db.query("select role, content, author from messages where session_id = ? and id <= ? "
-                                      "and replaced is null order by id", [row["session_id"], row["id"]])]
+                    {"role": r["role"], "content": r["content"], **({"author": r["author"]} if r["author"] else {}),
+                     **({"tool_calls": json.loads(r["tool_calls"])} if r["tool_calls"] else {})}
+                    for r in db.query("select role, content, author, tool_calls from messages where session_id = ? "
+                                      "and id <= ? and replaced is null order by id", [row["session_id"], row["id"]])]
         return rows
 
     def import_session(self, user_id: str, title: str, system_prompt: str, messages: list[dict],

@@ -154,3 +154,14 @@ def test_tools_belong_to_the_assistant_version_a_chat_started_with(chat, fake):
 
 async def _drain(gen):
     return [u async for u in gen]
+
+
+def test_exports_carry_the_calls_with_the_turn(chat, fake):
+    fake.next_replies = [CALL, ANSWER]
+    uid, sid, _ = send(chat, ASK)
+    exported = json.load(open(chat.export(uid, sid, "json", tab())))
+    reply = exported["messages"][-1]
+    assert reply["tool_calls"][0]["name"] == "lookup_order" and "UPS" in reply["tool_calls"][0]["result"]
+    assert exported["system_prompt"] == "" and reply["token_ids"] == []  # still nothing of the instructions
+    md = open(chat.export(uid, sid, "md", tab())).read()
+    assert "Tool lookup_order" in md and "Carrier: UPS" in md

@@ -20,7 +20,8 @@ def chat_json(session: dict, messages: list[dict]) -> str:
                        "exported": time.time(),
                        "messages": [{"role": m["role"], "content": m["content"], "created": m["created"],
                                      "model": m["model"], "token_ids": m["token_ids"],
-                                     "author": m.get("author")} for m in messages]},
+                                     "author": m.get("author"), "tool_calls": m.get("tool_calls") or []}
+                                    for m in messages]},
                       ensure_ascii=False, indent=1)
 
 
@@ -31,6 +32,8 @@ def chat_markdown(session: dict, messages: list[dict]) -> str:
     for m in messages:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(m["created"]))
         lines += [f"**{speaker(m)}** ({when}):", "", m["content"], ""]
+        for c in m.get("tool_calls") or []:
+            lines += [f"> Tool {c['name']}({c['arguments']}) → {c.get('error') or c.get('result')}", ""]
     return "\n".join(lines)
 
 

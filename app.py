@@ -26,6 +26,7 @@ from server.middleware import VisitorCookieMiddleware
 from server.cli import add_server_args, credentials_from_args, limiter_from_args, serve
 from server.logs import setup_logging
 from storage import Store, StoreError
+from storage.knowledge import DocumentError, Knowledge
 
 log = logging.getLogger("pagedchat.app")
 
@@ -55,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "inbox in /console, cannot switch models. Operators (--admin) can too")
     p.add_argument("--frame-ancestors", nargs="*", default=[], metavar="ORIGIN",
                    help="sites that may embed the chat in an iframe (e.g. https://shop.example); default: none")
+    p.add_argument("--knowledge", default=None, metavar="FOLDER",
+                   help="index the documents in FOLDER (Markdown, text, HTML, PDF) as the default assistant's "
+                        "knowledge at start (changed files are indexed again, unchanged ones skipped)")
     p.add_argument("--engine-url", default=None, metavar="URL",
                    help="UI tier only: use the OpenAI API of engine pods at URL (e.g. http://engine:8000/v1) "
                         "instead of an engine in this process (--model names the same model, for its tokenizer)")
@@ -100,6 +104,14 @@ def build_app(args: argparse.Namespace):
     cut = store.mark_interrupted()
     if cut:
         log.info("%d reply(ies) were cut by the last shutdown; they are shown as interrupted", cut)
+    assistants.ensure_default(store)
+    if args.knowledge:
+        try:
+            lines = Knowledge(store).add_folder(assistants.DEFAULT_SLUG, args.knowledge)
+        except DocumentError as e:
+            raise SystemExit(f"--knowledge: {e}") from None
+        for line in lines:
+            (log.warning if line.startswith("❌") else log.info)("knowledge: %s", line)
     credentials = credentials_from_args(args, args.auth_file)
     limiter = limiter_from_args(args, credentials)
     config = config_from_args(args)
@@ -113,6 +125,7 @@ def build_app(args: argparse.Namespace):
                        default=assistants.DEFAULT_SLUG)
     api.add_middleware(FrameAncestorsMiddleware, origins=args.frame_ancestors)
     api.add_middleware(LanguageCookieMiddleware, cookie=LANG_COOKIE, languages=LANGUAGES)
+    api.add_api_route("/knowledge/{assistant}/{chunk_id}", knowledge_page(store), include_in_schema=False)
     models, salted = model_choices(config, args.models), args.cache_isolation == "user"
     mount = dict(auth=login(credentials), footer_links=[], run_history=False)
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted)
@@ -127,6 +140,26 @@ def build_app(args: argparse.Namespace):
     else:
         app.add_api_route("/", lambda: RedirectResponse(f"/chat/{assistants.DEFAULT_SLUG}/"), include_in_schema=False)
     return app, client
+
+
+def knowledge_page(store: Store):
+    """GET /knowledge/<assistant>/<chunk id>: the chunk a reply's source link names, as a page."""
+    import html
+
+    from fastapi.responses import HTMLResponse
+
+    knowledge = Knowledge(store)
+
+    def page(assistant: str, chunk_id: int):
+        chunk = knowledge.chunk(assistant, chunk_id)
+        if chunk is None:
+            return HTMLResponse("<p>There is no such excerpt (the document may have changed since).</p>", 404)
+        title = html.escape(chunk.document + (f" › {chunk.section}" if chunk.section else ""))
+        body = "".join(f"<p>{html.escape(p)}</p>" for p in chunk.text.split("\n\n"))
+        return HTMLResponse(f"<!doctype html><meta charset=utf-8><meta name=viewport content='width=device-width'>"
+                            f"<title>{title}</title><body style='font-family:sans-serif;max-width:40em;margin:2em auto;"
+                            f"padding:0 1em'><h1 style='font-size:1.2em'>{title}</h1>{body}</body>")
+    return page
 
 
 def visitor_secret(args: argparse.Namespace, store: Store) -> str:

@@ -53,6 +53,7 @@ class ModelInfo:
     quantization: str
     sampling_defaults: dict = field(default_factory=dict)  # the model's own (vLLM: generation config)
     sampling_source: str = "pagedchat's defaults"  # where sampling_defaults come from, in words
+    block_size: int = 16  # tokens per KV block (prompt layouts align to it: ui/grounding.py)
 
     def default_sampling(self, **overrides) -> SamplingParams:
         """SamplingParams with the model's defaults, then `overrides` (None values are ignored)."""

@@ -281,7 +281,7 @@ class LLMEngine:
     def model_info(self, model: str | None) -> ModelInfo:
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
                          str(self.device), str(self.dtype).removeprefix("torch."), self.quantization_shown,
-                         self.sampling_defaults, self.sampling_source)
+                         self.sampling_defaults, self.sampling_source, self.config.block_size)
 
     def check_integrity(self) -> None:
         self.kv.pool.check_integrity()

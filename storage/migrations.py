@@ -73,8 +73,23 @@ def m007_tools(db: sqlite_utils.Database) -> None:
                          "tracking": str, "placed": str, "delivery": str}, pk="order_id")
 
 
+def m008_knowledge(db: sqlite_utils.Database) -> None:
+    """Knowledge (storage/knowledge.py): an assistant's documents, their chunks, the chunks' FTS5
+    index (trigram: Korean and partial words match); per assistant version how many chunks a turn
+    takes and the least relevance (JSON); the chunks a reply drew on (JSON)."""
+    db["documents"].create({"id": int, "assistant": str, "name": str, "sha256": str, "chars": int,
+                            "created": float, "updated": float}, pk="id")
+    db["documents"].create_index(["assistant", "name"], unique=True)
+    db["chunks"].create({"id": int, "document_id": int, "assistant": str, "ord": int, "section": str, "text": str},
+                        pk="id", foreign_keys=[("document_id", "documents", "id")])
+    db["chunks"].create_index(["document_id", "ord"])
+    db.conn.execute("create virtual table chunks_fts using fts5(text, tokenize='trigram')")
+    db["assistant_versions"].add_column("knowledge", str)
+    db["messages"].add_column("sources", str)
+
+
 MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff, m005_quick_replies_canned,
-              m006_analytics, m007_tools]
+              m006_analytics, m007_tools, m008_knowledge]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

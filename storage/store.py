@@ -119,7 +119,7 @@ class Store:
         """A new version of assistant `slug` (its first if new); returns the version number."""
         row = {k: fields[k] for k in ("name", "system_prompt", "greeting", "model")}
         row.update({k: json.dumps(fields.get(k) or ([] if k in ("quick_replies", "tools") else {}), ensure_ascii=False)
-                    for k in ("sampling", "quick_replies", "canned", "tools")})
+                    for k in ("sampling", "quick_replies", "canned", "tools", "knowledge")})
         with self._db() as db:
             latest = db.execute("select max(version) from assistant_versions where assistant = ?", [slug]).fetchone()[0]
             version = (latest or 0) + 1
@@ -153,8 +153,7 @@ class Store:
         row = {"session_id": session_id, "role": role, "content": content,
                "token_ids": json.dumps(token_ids or []), "created": time.time()}
         row.update({k: v for k, v in stats.items() if k in (*_STATS, "created", "author")})
-        if stats.get("tool_calls"):
-            row["tool_calls"] = json.dumps(stats["tool_calls"], ensure_ascii=False)
+        row.update(_json_fields(stats))
         with self._db() as db:
             if not self._owned(db, user_id, session_id):
                 raise StoreError(f"session {session_id} does not belong to this user")
@@ -167,8 +166,7 @@ class Store:
         """Rewrite a message as it grows (a streaming reply); StoreError if the session is gone."""
         row = {"content": content, "token_ids": json.dumps(token_ids)}
         row.update({k: v for k, v in stats.items() if k in _STATS})
-        if stats.get("tool_calls"):
-            row["tool_calls"] = json.dumps(stats["tool_calls"], ensure_ascii=False)
+        row.update(_json_fields(stats))
         with self._db() as db:
             if not self._owned(db, user_id, session_id):
                 raise StoreError(f"session {session_id} does not exist or does not belong to this user")
@@ -190,6 +188,7 @@ class Store:
         for row in rows:
             row["token_ids"] = json.loads(row["token_ids"] or "[]")
             row["tool_calls"] = json.loads(row.get("tool_calls") or "[]")
+            row["sources"] = json.loads(row.get("sources") or "[]")
         return rows
 
     def delete_messages_from(self, user_id: str, session_id: str, message_id: int) -> None:
@@ -254,9 +253,15 @@ class Store:
         return bool(list(db["sessions"].rows_where("id = ? and user_id = ?", [session_id, user_id])))
 
 
+def _json_fields(stats: dict) -> dict:
+    """A reply's tool calls and knowledge sources, as the columns store them."""
+    return {k: json.dumps(stats[k], ensure_ascii=False) for k in ("tool_calls", "sources") if stats.get(k)}
+
+
 def _assistant_row(row: dict) -> dict:
     row["sampling"] = json.loads(row["sampling"] or "{}")
     row["quick_replies"] = json.loads(row.get("quick_replies") or "[]")
     row["canned"] = json.loads(row.get("canned") or "{}")
     row["tools"] = json.loads(row.get("tools") or "[]")
+    row["knowledge"] = json.loads(row.get("knowledge") or "{}")
     return row

@@ -10,6 +10,7 @@ from engine.errors import ParameterError
 from engine.sampling_params import SamplingParams
 from storage import orders
 from ui import actions
+from ui.grounding import DEFAULT_K
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
 
 DEFAULT_SLUG = "support"
@@ -17,6 +18,7 @@ SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
 MAX_PROMPT_CHARS, MAX_GREETING_CHARS, MAX_NAME_CHARS = 20_000, 2_000, 80
 MAX_QUICK_REPLIES, MAX_QUICK_REPLY_CHARS = 8, 80
 MAX_CANNED, MAX_CANNED_CHARS = 50, 2_000
+MAX_CHUNKS = 8
 SHORTCUT = re.compile(r"/[a-z0-9][a-z0-9_-]{0,29}")
 # The chat's own sampling default beside the model's: with SmolLM2's card values alone (temperature
 # 0.2, top-p 0.9) 5 of 6 second replies looped, a sentence repeated 12-36 times; with 1.1, none did.
@@ -65,7 +67,20 @@ def check(slug: str, fields: dict) -> dict:
     SamplingParams(**sampling)  # what the engine would refuse besides
     return {"name": name, "system_prompt": prompt, "greeting": greeting, "sampling": sampling,
             "model": str(fields.get("model") or ""), "quick_replies": _quick_replies(fields.get("quick_replies")),
-            "canned": _canned(fields.get("canned")), "tools": actions.check(fields.get("tools"))}
+            "canned": _canned(fields.get("canned")), "tools": actions.check(fields.get("tools")),
+            "knowledge": _knowledge(fields.get("knowledge"))}
+
+
+def _knowledge(settings) -> dict:
+    """How many chunks of the assistant's documents a turn takes (0: none), and the least relevance."""
+    settings = {k: v for k, v in (settings or {}).items() if v is not None}
+    k, low = settings.get("k", DEFAULT_K), settings.get("min_score", 0.0)
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_CHUNKS:
+        raise ParameterError(f"knowledge chunks per turn must be an integer in [0, {MAX_CHUNKS}], got {k!r}",
+                             "knowledge")
+    if not isinstance(low, (int, float)) or isinstance(low, bool) or low < 0:
+        raise ParameterError(f"the least relevance must be a number >= 0, got {low!r}", "knowledge")
+    return {"k": k, "min_score": float(low)}
 
 
 def _quick_replies(items) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import html
 import logging
 import re
@@ -18,6 +19,7 @@ from storage import StoreError
 from engine.tools import NO_CALL_GRAMMAR, ToolCallParser, ToolPlan
 from ui import actions
 from ui.conversation import build_prompt, chat_messages, extend, template_text
+from ui.grounding import ground
 
 log = logging.getLogger("pagedchat.ui")
 
@@ -79,6 +81,16 @@ def tool_lines(calls: list[dict], running: bool = False) -> str:
     return ("\n\n" + "\n\n".join(parts)) if parts else ""
 
 
+def source_lines(sources: list[dict]) -> str:
+    """Where a reply's knowledge came from: each chunk's document and section, a link that opens it."""
+    if not sources:
+        return ""
+    links = " · ".join(f"[{n}] [{html.escape(s['document'])}{' › ' + html.escape(s['section']) if s['section'] else ''}]"
+                       f"({s['url']})" if s.get("url") else f"[{n}] {html.escape(s['document'])}"
+                       for n, s in enumerate(sources, 1))
+    return f"\n\n<small>{links}</small>"
+
+
 def in_flight(text: str, calls: list[dict], running: bool) -> dict:
     """The reply as it is being written (or its tool runs)."""
     return {"role": "assistant", "content": (text or "") + tool_lines(calls, running)}
@@ -93,7 +105,7 @@ def with_grammar(params: SamplingParams, grammar: str) -> SamplingParams:
 def display(messages: list[dict]) -> list[dict]:
     """Stored messages -> gr.Chatbot's list of {"role", "content"}, with their footers."""
     return [{"role": m["role"], "content": m["content"] + tool_lines(m.get("tool_calls") or [])
-             + (reply_footer(m) if m["role"] == "assistant" else user_footer(m))} for m in messages]
+             + source_lines(m.get("sources") or []) + (reply_footer(m) if m["role"] == "assistant" else user_footer(m))} for m in messages]
 
 
 def customer_display(messages: list[dict]) -> list[dict]:
@@ -102,8 +114,8 @@ def customer_display(messages: list[dict]) -> list[dict]:
     def footer(m: dict) -> str:
         person = author_name(m) if m["role"] == "assistant" else None
         return f"\n\n<sub>{stamp(m)}{f' · 👤 {person}' if person else ''}</sub>"
-    return [{"role": m["role"], "content": m["content"] + tool_lines(m.get("tool_calls") or []) + footer(m)}
-            for m in messages]
+    return [{"role": m["role"], "content": m["content"] + tool_lines(m.get("tool_calls") or [])
+             + source_lines(m.get("sources") or []) + footer(m)} for m in messages]
 
 
 FOOTER = re.compile(r"\n\n<sub>.*</sub>\s*$", re.S)
@@ -125,14 +137,17 @@ class ChatService:
     """Everything a chat event needs: the engine client, the store, the active requests per tab."""
 
     def __init__(self, client: EngineClient, store, limiter: UserLimiter | None = None,
-                 salt_by_user: bool = False, render=display, tools_for=None, on_handoff=None) -> None:
+                 salt_by_user: bool = False, render=display, tools_for=None, on_handoff=None,
+                 retrieve=None) -> None:
         """limiter: the per-user cap shared with the API. salt_by_user: each user's turns reuse only
         their own cached prefixes (cache_salt = the user). render: stored messages -> what the
         chatbot shows (display, or customer_display). tools_for(session): the chat's tools
-        (ui/actions.ChatTool); on_handoff(session_id): what the built-in handoff tool does."""
+        (ui/actions.ChatTool); on_handoff(session_id): what the built-in handoff tool does;
+        retrieve(session, history, text): the knowledge chunks for a turn (ui/grounding.py)."""
         self.render = render
         self.tools_for = tools_for or (lambda session: [])
         self.on_handoff = on_handoff or (lambda session_id: None)
+        self.retrieve = retrieve or (lambda session, history, text: [])
         self.client = client
         self.store = store
         self.limiter = limiter or UserLimiter(0)
@@ -168,19 +183,24 @@ class ChatService:
         model = info.name
         tools = self.tools_for(session)
         plan = ToolPlan([t.tool for t in tools], "auto", False) if tools else None
+        last_user = history[-1] if regenerate and history and history[-1]["role"] == "user" else None
+        if regenerate and last_user is None:
+            raise ValueError("nothing to regenerate")
+        before = history[:-1] if regenerate else history
+        chunks = self.retrieve(session, before, last_user["content"] if regenerate else text)
+        grounding = ground(info.tokenizer, session["system_prompt"], chunks, info.block_size) if chunks else None
+        system = session["system_prompt"] + (grounding.text if grounding else "")
+        encode = functools.partial(grounding.encode, info.tokenizer) if grounding else None
         if regenerate:
-            last_user = history[-1] if history and history[-1]["role"] == "user" else None
-            if last_user is None:
-                raise ValueError("nothing to regenerate")
             prompt_ids, shown, last_text = last_user["token_ids"], history, last_user["content"]
             window = history[:-1][last_user.get("trimmed_turns") or 0:]
             same_model = not history[:-1] or history[-2].get("model") in (None, "", model)
             if not prompt_ids or not same_model:  # built for another model: render again
-                prompt_ids = build_prompt(info.tokenizer, session["system_prompt"], history[:-1],
-                                          last_user["content"], model, self._limit(info, params), plan).token_ids
+                prompt_ids = build_prompt(info.tokenizer, system, history[:-1], last_user["content"], model,
+                                          self._limit(info, params), plan, encode).token_ids
         else:
-            prompt = build_prompt(info.tokenizer, session["system_prompt"], history, text, model,
-                                  self._limit(info, params), plan)
+            prompt = build_prompt(info.tokenizer, system, history, text, model, self._limit(info, params), plan,
+                                  encode)
             prompt_ids, last_text, window = prompt.token_ids, text, history[prompt.trimmed:]
             if len(prompt_ids) >= info.max_model_len:
                 raise ValueError(f"this message makes the conversation {len(prompt_ids)} tokens long; the model "
@@ -192,6 +212,7 @@ class ChatService:
             shown = self.store.messages(user, session_id)
             yield self.render(shown) + [TYPING], False  # the message shows at once; the reply streams under it
         reply = ReplyWriter(self.store, user, session_id, prompt_ids, model)
+        reply.sources = grounding.sources() if grounding else []
         salt = f"user:{user}" if self.salt_by_user else None
         try:
             first = params
@@ -212,13 +233,13 @@ class ChatService:
                 result = await asyncio.to_thread(actions.run, tool, call.arguments, self.store,
                                                  lambda reason: self.on_handoff(session_id))
                 record.update(result=result.text, error=result.error)
-                messages = chat_messages(session["system_prompt"], window + [{"role": "user", "content": last_text}])
+                messages = chat_messages(system, window + [{"role": "user", "content": last_text}])
                 context = prompt_ids + reply.last.outputs[0].token_ids
                 prompt_2 = extend(info.tokenizer, context, template_text(info.tokenizer, messages + [
                     {"role": "assistant", "content": "", "call_text": record["text"],
                      "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.name,
                                                                                       "arguments": call.arguments}}]},
-                    {"role": "tool", "tool_call_id": call.id, "content": result.text}], plan)).token_ids
+                    {"role": "tool", "tool_call_id": call.id, "content": result.text}], plan), encode).token_ids
                 reply.next_step(prompt_2, [record])
                 async for out in self._generate(prompt_2, with_grammar(params, NO_CALL_GRAMMAR), tab, session_id,
                                                 salt):
@@ -278,6 +299,7 @@ class ReplyWriter:
         self.content: str | None = None  # the text to store, where it is not the output's (a call's step)
         self.prefix_ids: list[int] = []  # a tool step's tokens before this step's: its call and the result
         self.tool_calls: list[dict] = []
+        self.sources: list[dict] = []  # the knowledge chunks the prompt carried
         self._step_before = None
         self._saved_at = 0.0
 
@@ -309,7 +331,7 @@ class ReplyWriter:
                       tokens_per_s=(n - 1) / (end - first) if first and n > 1 and end > first else None)
         text = completion.text if self.content is None else self.content
         step_ids = [] if out is self._step_before else completion.token_ids
-        ids, fields["tool_calls"] = self.prefix_ids + step_ids, self.tool_calls
+        ids, fields["tool_calls"], fields["sources"] = self.prefix_ids + step_ids, self.tool_calls, self.sources
         if self.message_id is None:
             self.message_id = self.store.add_message(self.user, self.session_id, "assistant", text, ids, **fields)
         else:

@@ -5,6 +5,7 @@ endpoint directly is refused)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from types import SimpleNamespace
 
@@ -14,7 +15,9 @@ import pandas as pd
 from engine.client import EngineClient
 from server.auth import Credentials
 from storage import analytics
+from storage.knowledge import KINDS, MAX_FILE_BYTES, DocumentError, Knowledge
 from ui import assistants, transfer
+from ui.grounding import DEFAULT_K
 from ui.inbox import InboxHandlers, inbox_panel, wire_inbox
 from ui.layout import PRIVATE, THEME_TOGGLE, engine_panel, operator_controls, wire_live, wire_operator
 from ui.operator import OperatorHandlers
@@ -29,6 +32,7 @@ class AssistantEditor:
 
     def __init__(self, store, operator: OperatorHandlers) -> None:
         self.store, self.operator = store, operator
+        self.knowledge = Knowledge(store)
 
     def choices(self) -> list[str]:
         return [a["assistant"] for a in self.store.assistants()] + [NEW]
@@ -37,18 +41,42 @@ class AssistantEditor:
         """(address, name, prompt, greeting, temperature, top_p, max tokens, penalty, model, quick
         replies, canned responses, tools, versions); nothing for anyone but an operator."""
         if not self.operator.is_operator(request):
-            return (gr.update(),) * 13
+            return (gr.update(),) * 16
         a = self.store.assistant(slug) if slug and slug != NEW else None
         if a is None:
-            return ("", "", "", "", None, None, None, None, "", "", "", "[]", self.versions(request))
-        s = a["sampling"]
+            return ("", "", "", "", None, None, None, None, "", "", "", "[]", DEFAULT_K, 0.0, [],
+                    self.versions(request))
+        s, k = a["sampling"], a["knowledge"]
         return (a["assistant"], a["name"], a["system_prompt"], a["greeting"], s.get("temperature"), s.get("top_p"),
                 s.get("max_tokens"), s.get("repetition_penalty"), a["model"], "\n".join(a["quick_replies"]),
                 assistants.format_canned(a["canned"]), json.dumps(a["tools"], indent=1, ensure_ascii=False),
-                self.versions(request))
+                k.get("k", DEFAULT_K), k.get("min_score", 0.0), self.documents(a["assistant"]), self.versions(request))
+
+    def documents(self, slug: str) -> list[list]:
+        return [[d["name"], d["chunks"], d["chars"], time.strftime("%Y-%m-%d %H:%M", time.localtime(d["updated"]))]
+                for d in self.knowledge.documents(slug)]
+
+    def upload(self, slug, files, request: gr.Request):
+        """Documents into the assistant's knowledge, each in its own transaction: one line per file."""
+        self.operator._check(request)
+        if not slug or self.store.assistant(slug) is None:
+            return "❌ Save the assistant first, then add its documents.", gr.update()
+        lines = []
+        for path in files or []:
+            try:
+                with open(path, "rb") as f:
+                    lines.append("✅ " + self.knowledge.add(slug, os.path.basename(path), f.read(MAX_FILE_BYTES + 1)))
+            except (DocumentError, OSError) as e:
+                lines.append(f"❌ {e}")
+        return "\n\n".join(lines) or "Choose one or more files.", self.documents(slug)
+
+    def remove(self, slug, name, request: gr.Request):
+        self.operator._check(request)
+        done = self.knowledge.remove(slug, (name or "").strip())
+        return (f"Removed {name}." if done else f"❌ {slug} has no document {name!r}."), self.documents(slug)
 
     def save(self, slug, name, prompt, greeting, temperature, top_p, max_tokens, penalty, model, quick="",
-             canned="", tools="[]", request: gr.Request = None):
+             canned="", tools="[]", k=DEFAULT_K, min_score=0.0, request: gr.Request = None):
         """A new version; new chats take it, chats already started keep theirs."""
         self.operator._check(request)
         slug = (slug or "").strip()
@@ -57,7 +85,7 @@ class AssistantEditor:
                       "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
                                    "repetition_penalty": penalty},
                       "quick_replies": (quick or "").splitlines(), "canned": assistants.parse_canned(canned),
-                      "tools": tools}
+                      "tools": tools, "knowledge": {"k": None if k is None else int(k), "min_score": min_score}}
             version = assistants.save(self.store, slug, fields, getattr(request, "username", None) or "operator")
         except ValueError as e:
             return f"❌ {e}", gr.update(), gr.update()
@@ -136,9 +164,12 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         console.load(face, None, [refused, agent_body, body], **PRIVATE)
         wire_inbox(console, inbox_timer, inbox, box)
         fields = [edit.slug, edit.name, edit.prompt, edit.greeting, edit.temperature, edit.top_p, edit.max_tokens,
-                  edit.penalty, edit.model, edit.quick, edit.canned, edit.tools]
-        console.load(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)
-        edit.pick.input(editor.show, [edit.pick], [*fields, edit.versions], **PRIVATE)
+                  edit.penalty, edit.model, edit.quick, edit.canned, edit.tools, edit.k, edit.min_score]
+        console.load(editor.show, [edit.pick], [*fields, edit.documents, edit.versions], **PRIVATE)
+        edit.pick.input(editor.show, [edit.pick], [*fields, edit.documents, edit.versions], **PRIVATE)
+        edit.upload.upload(editor.upload, [edit.slug, edit.upload], [edit.knowledge_status, edit.documents], **PRIVATE)
+        edit.remove_btn.click(editor.remove, [edit.slug, edit.remove_name], [edit.knowledge_status, edit.documents],
+                              **PRIVATE)
         edit.save_btn.click(editor.save, fields, [edit.status, edit.pick, edit.versions], **PRIVATE)
         stats.refresh_btn.click(numbers.table, [stats.days], [stats.table, stats.plot], **PRIVATE)
         stats.csv_btn.click(numbers.csv, [stats.days], [stats.file], **PRIVATE)
@@ -176,7 +207,22 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
                         "\"handoff\", \"when\": regex}, or HTTP {\"name\", \"description\", \"url\", \"method\", "
                         "\"parameters\", \"timeout_s\", \"secret_file\", \"secret_header\", \"when\"}",
                         elem_id="assistant-tools")
+        with gr.Row():
+            k = gr.Number(DEFAULT_K, label="Knowledge: excerpts per turn (0: none)", precision=0, minimum=0,
+                          maximum=assistants.MAX_CHUNKS, elem_id="assistant-k")
+            min_score = gr.Number(0.0, label="Knowledge: least relevance (bm25)", minimum=0,
+                                  elem_id="assistant-min-score")
         save_btn = gr.Button("Save as a new version", variant="primary", elem_id="assistant-save")
         status = gr.Markdown(elem_id="assistant-status")
         versions = gr.Dataframe(headers=VERSION_COLUMNS, interactive=False, elem_id="assistant-versions")
+        gr.Markdown("**Knowledge**: documents this assistant answers from (Markdown, text, HTML, PDF; a file of the "
+                    "same name replaces the old one; each reply shows the excerpts it drew on)")
+        upload = gr.File(file_count="multiple", file_types=list(KINDS), label="Add documents",
+                         elem_id="knowledge-upload")
+        knowledge_status = gr.Markdown(elem_id="knowledge-status")
+        documents = gr.Dataframe(headers=["document", "chunks", "characters", "updated"], interactive=False,
+                                 elem_id="knowledge-documents")
+        with gr.Row():
+            remove_name = gr.Textbox(label="Document to remove", elem_id="knowledge-remove-name")
+            remove_btn = gr.Button("Remove", variant="stop", elem_id="knowledge-remove")
     return SimpleNamespace(**locals())

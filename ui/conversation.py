@@ -43,9 +43,9 @@ def template_text(tokenizer, messages: list[dict], plan: ToolPlan | None = None)
     return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **extra)
 
 
-def extend(tokenizer, context_ids: list[int], full_text: str) -> Prompt:
+def extend(tokenizer, context_ids: list[int], full_text: str, encode=None) -> Prompt:
     """`context_ids` (what the engine saw) followed by the rest of `full_text`, if the context is its
-    prefix, token for token; else the whole text encoded again (Prompt.fallback says why)."""
+    prefix, token for token; else the whole text encoded again by `encode` (Prompt.fallback says why)."""
     context_text = tokenizer.decode(context_ids, skip_special_tokens=False)
     if not full_text.startswith(context_text):
         at = next((i for i, (a, b) in enumerate(zip(full_text, context_text)) if a != b),
@@ -53,40 +53,46 @@ def extend(tokenizer, context_ids: list[int], full_text: str) -> Prompt:
         why = (f"stored tokens diverge from the template at character {at}: "
                f"{context_text[at:at + 30]!r} vs {full_text[at:at + 30]!r}")
         log.info("full re-render of the conversation: %s", why)
-        return Prompt(tokenizer.encode(full_text, add_special_tokens=False), 0, why)
+        return Prompt(_encoder(tokenizer, encode)(full_text), 0, why)
     suffix = tokenizer.encode(full_text[len(context_text):], add_special_tokens=False)
     return Prompt(context_ids + suffix, len(context_ids))
 
 
+def _encoder(tokenizer, encode):
+    return encode or (lambda text: tokenizer.encode(text, add_special_tokens=False))
+
+
 def build_prompt(tokenizer, system_prompt: str, history: list[dict], new_text: str, model: str,
-                 limit: int | None = None, plan: ToolPlan | None = None) -> Prompt:
+                 limit: int | None = None, plan: ToolPlan | None = None, encode=None) -> Prompt:
     """history: stored messages (role, content, token_ids, model, trimmed_turns), oldest first. The
     last user message's token_ids are that turn's whole prompt; an assistant message's, its reply.
     `limit`: the most tokens the prompt may take; past it, older turns are dropped, two messages at a
-    time (a prompt that cannot fit even then is returned as it is, for the caller to refuse)."""
+    time (a prompt that cannot fit even then is returned as it is, for the caller to refuse).
+    `encode(text) -> ids`: how a whole prompt is tokenized (ui/grounding.py splices knowledge in)."""
     skip = _previous_window(history)
-    prompt = _render(tokenizer, system_prompt, history, skip, new_text, model, plan)
+    encode = _encoder(tokenizer, encode)
+    prompt = _render(tokenizer, system_prompt, history, skip, new_text, model, plan, encode)
     if limit is not None and len(prompt.token_ids) > limit:
         # Trim to three quarters of the limit, so the next turns fit the same window token-exact.
         while len(prompt.token_ids) > limit * 3 // 4 and skip + 2 <= len(history):
             skip += 2
             prompt = _fallback(tokenizer, system_prompt, history[skip:], new_text,
-                               f"{skip} oldest messages left out to fit {limit} tokens", plan)
+                               f"{skip} oldest messages left out to fit {limit} tokens", plan, encode)
     prompt.trimmed = skip
     return prompt
 
 
 def _render(tokenizer, system_prompt: str, history: list[dict], skip: int, new_text: str, model: str,
-            plan: ToolPlan | None) -> Prompt:
+            plan: ToolPlan | None, encode) -> Prompt:
     window = history[skip:]
     previous = _previous_context(history)
     if previous is None:
-        return _fallback(tokenizer, system_prompt, window, new_text, None, plan)
+        return _fallback(tokenizer, system_prompt, window, new_text, None, plan, encode)
     context_ids, context_model = previous
     if context_model != model:
         return _fallback(tokenizer, system_prompt, window, new_text,
-                         f"model changed from {context_model!r} to {model!r}", plan)
-    return extend(tokenizer, context_ids, _template(tokenizer, system_prompt, window, new_text, plan))
+                         f"model changed from {context_model!r} to {model!r}", plan, encode)
+    return extend(tokenizer, context_ids, _template(tokenizer, system_prompt, window, new_text, plan), encode)
 
 
 def _template(tokenizer, system_prompt: str, window: list[dict], new_text: str, plan: ToolPlan | None) -> str:
@@ -111,8 +117,7 @@ def _previous_context(history: list[dict]) -> tuple[list[int], str] | None:
 
 
 def _fallback(tokenizer, system_prompt: str, window: list[dict], new_text: str, why: str | None,
-              plan: ToolPlan | None) -> Prompt:
+              plan: ToolPlan | None, encode) -> Prompt:
     if why:
         log.info("full re-render of the conversation: %s", why)
-    return Prompt(tokenizer.encode(_template(tokenizer, system_prompt, window, new_text, plan),
-                                   add_special_tokens=False), 0, why)
+    return Prompt(encode(_template(tokenizer, system_prompt, window, new_text, plan)), 0, why)

@@ -16,7 +16,8 @@ from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import TooManyRequestsError, UserLimiter
 from storage.handoff import Handoff
-from ui import actions, assistants, transfer
+from storage.knowledge import Knowledge
+from ui import actions, assistants, grounding, transfer
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import TYPING, ChatService, ReplyCut, customer_display, display, feedback_values, plain_text
 from ui.i18n import say, wants_person
@@ -35,13 +36,20 @@ class ChatHandlers:
         self.demo = demo
         self.display = display if demo else customer_display
         self.handoff = Handoff(store)
-        self.service = ChatService(client, store, limiter, salt_by_user, self.display, self.tools_of, self.handoff.ask)
+        self.knowledge = Knowledge(store)
+        self.service = ChatService(client, store, limiter, salt_by_user, self.display, self.tools_of, self.handoff.ask,
+                                   self.chunks_for)
         assistants.ensure_default(store)
 
     def tools_of(self, session: dict) -> list:
         """The tools of the assistant version a chat started with."""
         a = self.store.assistant(session.get("assistant") or assistants.DEFAULT_SLUG, session.get("assistant_version"))
         return actions.chat_tools(a["tools"]) if a else []
+
+    def chunks_for(self, session: dict, history: list[dict], text: str) -> list:
+        """The knowledge chunks of a chat's assistant for this turn (ui/grounding.py)."""
+        a = self.store.assistant(session.get("assistant") or assistants.DEFAULT_SLUG, session.get("assistant_version"))
+        return grounding.retrieve(self.knowledge, a, history, text) if a else []
 
     # ---- identity -----------------------------------------------------------------------
     def who(self, known: str | None, request: gr.Request) -> str:

@@ -8,8 +8,8 @@ is not indexed again.
 Chunks follow the document's structure: a section per heading (Markdown `#`, HTML h1-h4), its
 paragraphs packed into chunks of at most CHUNK_CHARS characters (a longer paragraph is cut at
 sentence ends). The index uses FTS5's `trigram` tokenizer, so Korean and parts of words match, and
-ranks by bm25; words shorter than three characters (most Korean words, "반품") are matched with
-instr() instead, which no trigram index can serve."""
+ranks by bm25; two-character words outside ASCII (most Korean words, "반품") are matched with
+instr() instead, which no trigram index can serve (two-letter English words are stopwords)."""
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +26,7 @@ MAX_TEXT_CHARS = 2_000_000
 # Words too common to rank by (a trigram index otherwise matches "how" inside "however").
 STOPWORDS = frozenset("""the and how can you what when where why does did for are was with your have has this that
 our from will would could should please about there they them any not but get got want need just like its into
-one yes hello thanks thank""".split())
+one yes hello thanks thank take takes long much many know tell""".split())
 KINDS = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html", ".htm": "html", ".pdf": "pdf"}
 
 
@@ -254,7 +254,8 @@ class Knowledge:
     def search(self, assistant: str, query: str, k: int = 3, min_score: float = 0.0) -> list[Chunk]:
         """The k chunks most relevant to `query` (bm25 over trigrams; short words by instr)."""
         words = {w for w in re.findall(r"\w+", query.lower()) if w not in STOPWORDS}
-        long, short = sorted(w for w in words if len(w) >= 3), sorted(w for w in words if len(w) == 2)
+        long = sorted(w for w in words if len(w) >= 3)
+        short = sorted(w for w in words if len(w) == 2 and not w.isascii())  # 반품; English pairs are stopwords
         scores: dict[int, float] = {}
         with self.store._db() as db:
             if long:

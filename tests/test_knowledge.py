@@ -1,0 +1,162 @@
+"""Fast tier: knowledge. Documents of every kind are read, split and indexed (FTS5 trigram: Korean
+and parts of words match); bad files are refused naming the file, one transaction per document;
+the prompt layout puts each chunk on a KV block boundary, in canonical order, spliced in the same
+way on every turn; a turn stores its sources and the next turn continues token for token."""
+import asyncio
+import io
+from types import SimpleNamespace
+
+import pypdf
+import pytest
+
+from storage import Store
+from storage.knowledge import CHUNK_CHARS, DocumentError, Knowledge, read_document, split
+from tests.fakes import FakeEngineClient
+from tests.pdfs import pdf
+from ui.grounding import ground
+from ui.handlers import ChatHandlers
+
+RETURNS = """# Returns
+
+Unused items can be returned within thirty days of delivery for a full refund.
+
+## Refunds
+
+Refunds go back to the original payment method within five to seven business days after the return arrives.
+
+# 반품
+
+반품은 배송 후 30일 이내에 가능합니다. 환불은 영업일 기준 5~7일 걸립니다.
+""".encode()
+SHIPPING = b"<html><body><nav>menu</nav><h1>Shipping</h1><p>Orders ship within two business days.</p>" \
+           b"<h2>Express</h2><p>Express delivery takes one to two business days and costs fifteen dollars.</p>" \
+           b"<script>alert(1)</script></body></html>"
+
+
+@pytest.fixture
+def kb(tmp_path):
+    store = Store(str(tmp_path / "k.db"))
+    return Knowledge(store)
+
+
+def test_each_kind_is_read_by_its_structure():
+    assert [h for h, _ in read_document("r.md", RETURNS)] == ["Returns", "Refunds", "반품"]
+    html = read_document("s.html", SHIPPING)
+    assert [h for h, _ in html] == ["Shipping", "Express"] and "alert" not in str(html) and "menu" not in str(html)
+    assert "two years" in read_document("w.pdf", pdf(["Warranty: two years on tents."]))[0][1]
+    assert read_document("n.txt", "plain words\n\nmore".encode("utf-16"))[0][1].startswith("plain")
+
+
+def test_long_sections_split_into_bounded_chunks():
+    body = " ".join(f"Sentence number {i} about tents and their poles." for i in range(200))
+    chunks = split([("Tents", body), ("Short", "One line.")])
+    assert len(chunks) > 5 and all(len(t) <= CHUNK_CHARS for _, t in chunks)
+    assert chunks[-1] == ("Short", "One line.") and " ".join(t for _, t in chunks[:-1]) == body
+
+
+def encrypted_pdf() -> bytes:
+    writer = pypdf.PdfWriter(clone_from=pypdf.PdfReader(io.BytesIO(pdf(["secret"]))))
+    writer.encrypt("pw")
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name, data, says", [
+    ("locked.pdf", encrypted_pdf(), "encrypted"),
+    ("broken.pdf", b"%PDF-1.4 nothing else", "not a readable PDF"),
+    ("photo.md", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(200), "binary"),
+    ("latin.txt", "Réglement: retours sous trente jours".encode("cp1252"), "not UTF-8"),
+    ("empty.md", b"  \n\n", "empty"),
+    ("huge.txt", b"a" * (10 << 20) + b"a", "limit"),
+    ("sheet.xlsx", b"PK\x03\x04", "unknown kind"),
+])
+def test_a_bad_file_is_refused_naming_it_and_nothing_else_changes(kb, name, data, says):
+    kb.add("support", "returns.md", RETURNS)
+    before = kb.documents("support")
+    with pytest.raises(DocumentError) as e:
+        kb.add("support", name, data)
+    assert name in str(e.value) and says in str(e.value)
+    assert kb.documents("support") == before and kb.search("support", "refund")
+
+
+def test_a_changed_document_is_indexed_again_and_an_unchanged_one_is_not(kb):
+    assert kb.add("support", "returns.md", RETURNS).endswith("3 chunks")
+    assert kb.add("support", "returns.md", RETURNS) == "returns.md: unchanged"
+    assert "re-indexed" in kb.add("support", "returns.md", b"# Returns\n\nNo returns on sale items.")
+    assert kb.search("support", "sale items")[0].text == "No returns on sale items."
+    assert not kb.search("support", "thirty days")  # the old chunks are gone from the index too
+    assert kb.remove("support", "returns.md") and not kb.search("support", "sale items")
+
+
+def test_search_ranks_and_matches_korean_and_parts_of_words(kb):
+    kb.add("support", "returns.md", RETURNS)
+    kb.add("support", "shipping.html", SHIPPING)
+    kb.add("other", "secret.md", b"# Refunds\n\nOther shop refunds in one day.")
+    assert kb.search("support", "How long do refunds take?")[0].section == "Refunds"
+    assert kb.search("support", "반품 가능한가요?")[0].section == "반품"  # a two-syllable word
+    assert kb.search("support", "express deliv")[0].section == "Express"  # part of a word
+    assert all(c.document != "secret.md" for c in kb.search("support", "refunds one day", k=8))
+    assert kb.search("support", "refunds", min_score=1e9) == []
+
+
+def test_a_folder_indexes_what_it_can_and_names_what_it_cannot(kb, tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "returns.md").write_bytes(RETURNS)
+    (folder / "bad.md").write_bytes(bytes(100))
+    lines = kb.add_folder("support", str(folder))
+    assert any("bad.md" in line and line.startswith("❌") for line in lines)
+    assert [d["name"] for d in kb.documents("support")] == ["returns.md"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DocumentError, match="no files"):
+        kb.add_folder("support", str(tmp_path / "empty"))
+
+
+def test_chunks_start_on_block_boundaries_in_canonical_order(kb, smol_tokenizer):
+    kb.add("support", "returns.md", RETURNS)
+    kb.add("support", "shipping.html", SHIPPING)
+    chunks = kb.search("support", "refund express 반품", k=4)
+    for block_size in (16, 32):
+        g = ground(smol_tokenizer, "You are Sam.", chunks, block_size)
+        assert [c.id for c in g.chunks] == sorted(c.id for c in chunks)  # whatever the ranking said
+        assert all(start % block_size == 0 for start, _ in g.spans)
+        assert (g.head_len + len(g.ids)) % block_size == 0  # the conversation starts on its own block
+        text = smol_tokenizer.apply_chat_template([{"role": "system", "content": "You are Sam." + g.text},
+                                                   {"role": "user", "content": "hi"}], tokenize=False)
+        ids = g.encode(smol_tokenizer, text)
+        assert smol_tokenizer.decode(ids) == text
+        for (start, end), chunk in zip(g.spans, g.chunks):
+            assert chunk.text.splitlines()[0] in smol_tokenizer.decode(ids[start:end])
+    plain = ground(smol_tokenizer, "You are Sam.", chunks, 16, align=False)
+    assert len(plain.ids) < len(g.ids) and plain.text.replace("\n", "") == g.text.replace("\n", "")
+
+
+def tab(name="cara"):
+    return SimpleNamespace(username=name, session_hash=f"tab-{name}")
+
+
+def test_a_turn_carries_its_sources_and_the_next_turn_continues_token_for_token(tmp_path, smol_tokenizer):
+    fake = FakeEngineClient(smol_tokenizer, max_model_len=4096)
+    chat = ChatHandlers(fake, Store(str(tmp_path / "c.db")), demo=False)
+    chat.knowledge.add("support", "returns.md", RETURNS)
+
+    def send(who, text):
+        async def run():
+            uid, sid = chat.current(None, None, tab(who))
+            return uid, sid, [u async for u in chat.send(uid, sid, text, request=tab(who))]
+        return asyncio.run(run())
+
+    uid, sid, updates = send("cara", "How long do refunds take?")
+    first = fake.requests[-1]["prompt"]
+    assert "original payment method" in smol_tokenizer.decode(first)
+    reply = chat.store.messages(uid, sid)[-1]
+    assert reply["sources"][0]["document"] == "returns.md" and reply["sources"][0]["section"] == "Refunds"
+    shown = updates[-1][0][-1]["content"]
+    assert "returns.md › Refunds" in shown and f"/knowledge/support/{reply['sources'][0]['id']}" in shown
+    send("cara", "Refunds to my card?")  # the same chunks: the prompt goes on from the last one
+    assert fake.requests[-1]["prompt"][:len(first) + len(reply["token_ids"])] == first + reply["token_ids"]
+    send("dana", "refunds: how many days?")  # another customer citing the same chunk: the same leading blocks
+    other = fake.requests[-1]["prompt"]
+    knowledge_end = max(s for s in range(0, len(first), 16) if first[:s] == other[:s])
+    assert "original payment method" in smol_tokenizer.decode(first[:knowledge_end])

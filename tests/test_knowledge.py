@@ -160,3 +160,19 @@ def test_a_turn_carries_its_sources_and_the_next_turn_continues_token_for_token(
     other = fake.requests[-1]["prompt"]
     knowledge_end = max(s for s in range(0, len(first), 16) if first[:s] == other[:s])
     assert "original payment method" in smol_tokenizer.decode(first[:knowledge_end])
+
+
+def test_the_shipped_documents_index_cleanly(kb):
+    from bench.knowledge import FOLDER
+
+    lines = kb.add_folder("support", FOLDER)
+    assert lines and not any(line.startswith("❌") for line in lines)
+    assert kb.search("support", "환불")[0].document == "반품-안내.md"
+
+
+def test_knowledge_flag_with_a_missing_folder_stops_the_app_with_a_clear_message(tmp_path):
+    from app import build_app, parse_args
+
+    args = parse_args(["--db", str(tmp_path / "a.db"), "--knowledge", str(tmp_path / "nowhere")])
+    with pytest.raises(SystemExit, match="--knowledge: .*nowhere: not a folder"):
+        build_app(args)

@@ -23,11 +23,12 @@ def take_snapshot(engine: LLMEngine) -> dict:
             states[block.block_id] = BlockState.USED
         elif block.block_hash is not None:
             states[block.block_id] = BlockState.CACHED
-    owners = {}
+    owners, positions = {}, {}
     for request_id, blocks in engine.kv.req_blocks.items():
         owner = engine.session_of(request_id) or request_id
-        for block in blocks:
+        for i, block in enumerate(blocks):
             owners.setdefault(block.block_id, owner)
+            positions.setdefault(block.block_id, i)  # its place in that request's block table
     memory = {"rss": psutil.Process().memory_info().rss, "weights": engine.weight_bytes,
               "kv_cache": engine.runner.kv_cache_bytes}
     if engine.device.type == "cuda":
@@ -35,5 +36,5 @@ def take_snapshot(engine: LLMEngine) -> dict:
         memory.update(cuda_allocated=torch.cuda.memory_allocated(engine.device),
                       cuda_reserved=torch.cuda.memory_reserved(engine.device), cuda_free=free, cuda_total=total)
     return {"time": time.time(), "stats": dataclasses.asdict(engine.get_stats()), "block_states": bytes(states),
-            "block_owners": owners, "memory": memory, "model": engine.source.name, "device": str(engine.device),
+            "block_owners": owners, "block_positions": positions, "memory": memory, "model": engine.source.name, "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."), "quantization": engine.quantization_shown}

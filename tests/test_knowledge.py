@@ -176,3 +176,23 @@ def test_knowledge_flag_with_a_missing_folder_stops_the_app_with_a_clear_message
     args = parse_args(["--db", str(tmp_path / "a.db"), "--knowledge", str(tmp_path / "nowhere")])
     with pytest.raises(SystemExit, match="--knowledge: .*nowhere: not a folder"):
         build_app(args)
+
+
+def test_the_panel_marks_the_blocks_that_hold_knowledge(kb, smol_tokenizer):
+    from engine.client import BlockState
+    from ui.grounding import KNOWLEDGE_BLOCKS, mark
+    from ui.panel import page_map_html
+
+    kb.add("support", "returns.md", RETURNS)
+    g = ground(smol_tokenizer, "You are Sam.", kb.search("support", "refunds"), 16)
+    mark("chat-1", g, 16)
+    blocks = g.head_len // 16 + len(g.ids) // 16 + 2
+    stats = {"block_size": 16, "num_running": 1, "num_waiting": 0, "num_preemptions": 0, "prefix_cache_hits": 0,
+             "prefix_cache_queries": 0, "generation_tokens_total": 0}
+    snap = {"block_states": bytes([BlockState.USED] * blocks), "block_owners": {i: "chat-1" for i in range(blocks)},
+            "block_positions": {i: i for i in range(blocks)}, "stats": stats}
+    html = page_map_html(snap)
+    marked = html.count(", knowledge'")
+    assert marked == len(KNOWLEDGE_BLOCKS["chat-1"]) >= 2 and f"<b id='kv-knowledge'>{marked}</b>" in html
+    mark("chat-1", None, 16)
+    assert ", knowledge'" not in page_map_html(snap)

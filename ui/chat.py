@@ -19,7 +19,7 @@ from storage import StoreError
 from engine.tools import NO_CALL_GRAMMAR, ToolCallParser, ToolPlan
 from ui import actions
 from ui.conversation import build_prompt, chat_messages, extend, template_text
-from ui.grounding import ground
+from ui.grounding import ground, mark
 
 log = logging.getLogger("pagedchat.ui")
 
@@ -189,6 +189,7 @@ class ChatService:
         before = history[:-1] if regenerate else history
         chunks = self.retrieve(session, before, last_user["content"] if regenerate else text)
         grounding = ground(info.tokenizer, session["system_prompt"], chunks, info.block_size) if chunks else None
+        mark(session_id, grounding, info.block_size)
         system = session["system_prompt"] + (grounding.text if grounding else "")
         encode = functools.partial(grounding.encode, info.tokenizer) if grounding else None
         if regenerate:

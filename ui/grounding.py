@@ -22,6 +22,22 @@ HEADER = ("\n\nExcerpts from our documents follow. Answer from them when they co
 MARK = "\x00"
 
 
+# session id -> the positions (in its request's block table) of blocks that hold only knowledge: what
+# the live panel marks. Written by a chat turn, read by any page's panel in this process.
+KNOWLEDGE_BLOCKS: dict[str, frozenset[int]] = {}
+MAX_MARKED = 10_000
+
+
+def mark(session_id: str, grounding: "Grounding | None", block_size: int) -> None:
+    if grounding is None:
+        KNOWLEDGE_BLOCKS.pop(session_id, None)
+        return
+    if len(KNOWLEDGE_BLOCKS) >= MAX_MARKED:
+        KNOWLEDGE_BLOCKS.pop(next(iter(KNOWLEDGE_BLOCKS)))
+    KNOWLEDGE_BLOCKS[session_id] = frozenset(i for start, end in grounding.spans
+                                             for i in range(-(-start // block_size), end // block_size))
+
+
 @dataclass
 class Grounding:
     chunks: list[Chunk]

@@ -151,17 +151,17 @@ def call_grammar(tools: list[Tool], choice: str, parallel: bool) -> str:
     """The Lark grammar (llguidance's dialect) of a reply under `choice`."""
     allowed = [t for t in tools if choice in ("auto", "required") or t.name == choice]
     bodies = "\n".join(f"body_{i}: %json {json.dumps(_call_schema(t))}" for i, t in enumerate(allowed))
-    more = f'("\\n"* call){{0,{MAX_CALLS - 1}}}' if parallel and choice in ("auto", "required") else ""
-    rules = [f'rest: "\\n"? body "\\n"? "{CLOSE}" {more}',
-             f'call: "{OPEN}" rest',
+    more = f' ("\\n"? "{OPEN}" one){{0,{MAX_CALLS - 1}}}' if parallel and choice in ("auto", "required") else ""
+    rules = [f"calls: one{more}",  # what follows the first opening tag
+             f'one: "\\n"? body "\\n"? "{CLOSE}"',
              "body: " + " | ".join(f"body_{i}" for i in range(len(allowed))),
              bodies]
     if choice == "auto":
-        rules[:0] = ["start: TEXT | lead rest",
+        rules[:0] = ["start: TEXT | lead calls",
                      f"TEXT: /(?s:.*)/ & ~/(?s:.*{re.escape(OPEN)}.*)/",
                      f"lead[lazy]: /(?s:.*){re.escape(OPEN)}/"]
     else:
-        rules.insert(0, "start: call")
+        rules.insert(0, f'start: "{OPEN}" calls')
     return "\n".join(rules) + "\n"
 
 

@@ -171,7 +171,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     choices = []
     for out in final.outputs:
         scores = chat_logprobs(out.token_ids, out.logprobs, params.logprobs) if params.logprobs is not None else None
-        message, reason = {"role": "assistant", "content": out.text}, finish_reason(out)
+        message, reason = {"role": "assistant", "content": out.text}, finish_reason(out, final.error)
         if tools:
             message["content"], calls = parse_reply(out.text)
             if calls:
@@ -229,7 +229,7 @@ async def completions(body: CompletionRequest, request: Request):
                 parts.append(score(out.token_ids, out.logprobs))
                 scores = {key: [v for part in parts for v in part[key]] for key in parts[0]}
             choices.append({"index": i * body.n + out.index, "text": text, "logprobs": scores,
-                            "finish_reason": finish_reason(out)})
+                            "finish_reason": finish_reason(out, final.error)})
             if body.return_token_ids:
                 choices[-1]["token_ids"] = out.token_ids
             completion_tokens += len(out.token_ids)

@@ -17,9 +17,11 @@ from server.logprobs import CompletionLogprobs, chat_logprobs
 from server.protocol import chat_chunk, completion_chunk, error_body, usage
 
 
-def finish_reason(out) -> str | None:
+def finish_reason(out, error: str | None = None) -> str | None:
+    """A choice's finish reason; a choice that failed in the engine is a 500 saying why (`error`)."""
     if out.finish_reason == "error":
-        raise APIError(500, "the request failed inside the engine", "internal_error")
+        raise APIError(500, f"the request failed inside the engine: {error}" if error
+                       else "the request failed inside the engine", "internal_error")
     return out.finish_reason
 
 

@@ -47,6 +47,7 @@ def accepts(matcher, tokenizer, text: str) -> bool:
     ("required", call_text("lookup_order", {"order_id": "NW20481377", "coupon": "x"}), False),  # extra key
     ("required", call_text("refund", {"order_id": "NW20481377"}), False),  # not a tool
     ("required", CALL + "\n" + call_text("handoff", {"reason": "angry"}), True),
+    ("required", CALL + "\n" * 40, False),  # no endless newlines after a call (they once ran to max_tokens)
     ({"type": "function", "function": {"name": "handoff"}}, CALL, False),
     ({"type": "function", "function": {"name": "handoff"}}, call_text("handoff", {"reason": "asked"}), True),
     ("auto", "Our hours are 8 to 8. <tool shed> is not a call.", True),
@@ -55,6 +56,14 @@ def accepts(matcher, tokenizer, text: str) -> bool:
 ])
 def test_the_grammar_admits_exactly_the_calls_the_schema_allows(matcher_for, smol_tokenizer, choice, text, ok):
     assert accepts(matcher_for(choice), smol_tokenizer, text) is ok
+
+
+def test_a_reply_holds_at_most_max_calls(matcher_for, smol_tokenizer):
+    from engine.tools import MAX_CALLS
+
+    assert accepts(matcher_for("required"), smol_tokenizer, "\n".join([CALL] * MAX_CALLS))
+    assert not accepts(matcher_for("required"), smol_tokenizer, "\n".join([CALL] * (MAX_CALLS + 1)))
+    assert not accepts(matcher_for("auto"), smol_tokenizer, "Sure. " + "\n".join([CALL] * (MAX_CALLS + 1)))
 
 
 def test_without_parallel_calls_one_call_ends_the_reply(matcher_for, smol_tokenizer):

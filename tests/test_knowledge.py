@@ -196,3 +196,25 @@ def test_the_panel_marks_the_blocks_that_hold_knowledge(kb, smol_tokenizer):
     assert marked == len(KNOWLEDGE_BLOCKS["chat-1"]) >= 2 and f"<b id='kv-knowledge'>{marked}</b>" in html
     mark("chat-1", None, 16)
     assert ", knowledge'" not in page_map_html(snap)
+
+
+def test_the_console_uploads_documents_for_operators_only(tmp_path, smol_tokenizer):
+    import gradio as gr
+
+    from ui.console import AssistantEditor
+    from ui.operator import OperatorHandlers
+
+    fake = FakeEngineClient(smol_tokenizer)
+    chat = ChatHandlers(fake, Store(str(tmp_path / "c.db")), demo=False)
+    editor = AssistantEditor(chat.store, OperatorHandlers(fake, chat.store, {"m": None}, None, {"olga"}))
+    good, locked = tmp_path / "returns.md", tmp_path / "locked.pdf"
+    good.write_bytes(RETURNS)
+    locked.write_bytes(encrypted_pdf())
+    status, table = editor.upload("support", [str(good), str(locked)], tab("olga"))
+    assert "✅ returns.md: indexed, 3 chunks" in status and "❌ locked.pdf: the PDF is encrypted" in status
+    assert [row[0] for row in table] == ["returns.md"]
+    assert editor.show("support", tab("olga"))[14] == table
+    with pytest.raises(gr.Error):
+        editor.upload("support", [str(good)], tab("cara"))
+    status, table = editor.remove("support", "returns.md", tab("olga"))
+    assert table == [] and not chat.knowledge.search("support", "refunds")

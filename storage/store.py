@@ -223,11 +223,9 @@ class Store:
                 "m.content as reply, m.model from messages m join sessions s on s.id = m.session_id "
                 "where m.feedback is not null order by m.feedback_at desc"))
             for row in rows:
-                row["conversation"] = [
-                    {"role": r["role"], "content": r["content"], **({"author": r["author"]} if r["author"] else {}),
-                     **({"tool_calls": json.loads(r["tool_calls"])} if r["tool_calls"] else {})}
-                    for r in db.query("select role, content, author, tool_calls from messages where session_id = ? "
-                                      "and id <= ? and replaced is null order by id", [row["session_id"], row["id"]])]
+                row["conversation"] = [_review_message(r) for r in db.query(
+                    "select role, content, author, tool_calls, sources from messages where session_id = ? "
+                    "and id <= ? and replaced is null order by id", [row["session_id"], row["id"]])]
         return rows
 
     def import_session(self, user_id: str, title: str, system_prompt: str, messages: list[dict],
@@ -251,6 +249,15 @@ class Store:
     @staticmethod
     def _owned(db, user_id: str, session_id: str) -> bool:
         return bool(list(db["sessions"].rows_where("id = ? and user_id = ?", [session_id, user_id])))
+
+
+def _review_message(r: dict) -> dict:
+    """A message as the rated-reply review shows it: who wrote it, and the tools and sources it used."""
+    out = {"role": r["role"], "content": r["content"]}
+    if r["author"]:
+        out["author"] = r["author"]
+    out.update({k: json.loads(r[k]) for k in ("tool_calls", "sources") if r[k]})
+    return out
 
 
 def _json_fields(stats: dict) -> dict:

@@ -165,3 +165,48 @@ def test_exports_carry_the_calls_with_the_turn(chat, fake):
     assert exported["system_prompt"] == "" and reply["token_ids"] == []  # still nothing of the instructions
     md = open(chat.export(uid, sid, "md", tab())).read()
     assert "Tool lookup_order" in md and "Carrier: UPS" in md
+
+
+@pytest.fixture
+def endpoint():
+    """A local HTTP tool: /slow answers after the client gave up, /garbage answers HTML, /ok answers JSON."""
+    import http.server
+    import threading
+
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.startswith("/slow"):
+                release.wait(10)
+            body = b"<html>oops</html>" if self.path.startswith("/garbage") else b'{"status": "in transit"}'
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    release.set()
+    server.shutdown()
+
+
+@pytest.mark.parametrize("path, says", [("/slow", "did not answer within 0.5 s"),
+                                        ("/garbage", "answered something that is not JSON"), ("/ok", None)])
+def test_a_slow_or_garbled_tool_is_a_clear_line_and_a_good_one_is_read(chat, fake, endpoint, path, says):
+    tools = [{"name": "track", "url": endpoint + path, "method": "GET", "timeout_s": 0.5, "when": r"\btrack\b",
+              "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}]
+    a = chat.store.assistant("support")
+    chat.store.save_assistant("support", {**a, "tools": actions.check(tools)}, "op")
+    fake.next_replies = [call_text("track", {"code": "1Z"}), " Here is what I know."]
+    uid, sid, updates = send(chat, "Please track 1Z")
+    record = chat.store.messages(uid, sid)[-1]["tool_calls"][0]
+    assert chat.store.messages(uid, sid)[-1]["content"] == " Here is what I know."  # the reply went on
+    if says:
+        assert says in record["error"] and f"⚠ track {says}" in updates[-1][0][-1]["content"]
+    else:
+        assert record["error"] is None and record["result"] == '{"status": "in transit"}'
+        assert "in transit" in fake.info.tokenizer.decode(fake.requests[-1]["prompt"])  # the model read it

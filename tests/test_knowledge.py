@@ -218,3 +218,21 @@ def test_the_console_uploads_documents_for_operators_only(tmp_path, smol_tokeniz
         editor.upload("support", [str(good)], tab("cara"))
     status, table = editor.remove("support", "returns.md", tab("olga"))
     assert table == [] and not chat.knowledge.search("support", "refunds")
+
+
+def test_exports_and_the_review_carry_the_sources(tmp_path, smol_tokenizer):
+    import json
+
+    fake = FakeEngineClient(smol_tokenizer, max_model_len=4096)
+    chat = ChatHandlers(fake, Store(str(tmp_path / "c.db")), demo=False)
+    chat.knowledge.add("support", "returns.md", RETURNS)
+
+    async def run():
+        uid, sid = chat.current(None, None, tab())
+        return uid, sid, [u async for u in chat.send(uid, sid, "How long do refunds take?", request=tab())]
+    uid, sid, _ = asyncio.run(run())
+    exported = json.load(open(chat.export(uid, sid, "json", tab())))
+    assert exported["messages"][-1]["sources"][0]["section"] == "Refunds"
+    assert "Sources: returns.md › Refunds" in open(chat.export(uid, sid, "md", tab())).read()
+    chat.rate(uid, sid, SimpleNamespace(index=1, liked=False), tab())
+    assert chat.store.rated_replies()[0]["conversation"][-1]["sources"][0]["document"] == "returns.md"

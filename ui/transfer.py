@@ -20,7 +20,8 @@ def chat_json(session: dict, messages: list[dict]) -> str:
                        "exported": time.time(),
                        "messages": [{"role": m["role"], "content": m["content"], "created": m["created"],
                                      "model": m["model"], "token_ids": m["token_ids"],
-                                     "author": m.get("author"), "tool_calls": m.get("tool_calls") or []}
+                                     "author": m.get("author"), "tool_calls": m.get("tool_calls") or [],
+                                     "sources": m.get("sources") or []}
                                     for m in messages]},
                       ensure_ascii=False, indent=1)
 
@@ -34,6 +35,9 @@ def chat_markdown(session: dict, messages: list[dict]) -> str:
         lines += [f"**{speaker(m)}** ({when}):", "", m["content"], ""]
         for c in m.get("tool_calls") or []:
             lines += [f"> Tool {c['name']}({c['arguments']}) → {c.get('error') or c.get('result')}", ""]
+        if m.get("sources"):
+            lines += ["> Sources: " + "; ".join(f"{s['document']}" + (f" › {s['section']}" if s.get("section") else "")
+                                               for s in m["sources"]), ""]
     return "\n".join(lines)
 
 

@@ -2,6 +2,7 @@
 run, its result goes back to the model as a tool message, the answer is stored with the call, and
 the next turn continues token for token; failures become a line in the chat, never a crash."""
 import asyncio
+import contextlib
 import json
 import socket
 from types import SimpleNamespace
@@ -210,3 +211,29 @@ def test_a_slow_or_garbled_tool_is_a_clear_line_and_a_good_one_is_read(chat, fak
     else:
         assert record["error"] is None and record["result"] == '{"status": "in transit"}'
         assert "in transit" in fake.info.tokenizer.decode(fake.requests[-1]["prompt"])  # the model read it
+
+
+def test_stop_during_the_answer_aborts_it_at_once_and_keeps_the_call(chat, fake):
+    fake.next_replies = [CALL, " Your tent shipped with UPS on Friday and should arrive by next Tuesday at the latest."]
+
+    async def scenario():
+        uid, sid = chat.current(None, None, tab())
+        fake.gate = asyncio.Event()
+        fake.gate.set()
+        turn = chat.send(uid, sid, ASK, request=tab())
+        while len(fake.requests) < 2:
+            await turn.__anext__()  # through the call and its result, to the answer's first token
+        fake.gate.clear()
+        pending = asyncio.ensure_future(turn.__anext__())
+        await asyncio.sleep(0.01)
+        pending.cancel()  # what Stop does to the event's task
+        with contextlib.suppress(asyncio.CancelledError):
+            await pending
+        await turn.aclose()
+        assert fake.requests[-1]["request_id"] in fake.aborted  # at once, not when the generator is collected
+        return uid, sid
+
+    uid, sid = asyncio.run(scenario())
+    reply = chat.store.messages(uid, sid)[-1]
+    assert reply["finish_reason"] == "abort" and reply["tool_calls"][0]["name"] == "lookup_order"
+    assert 0 < reply["generated_tokens"] < 15

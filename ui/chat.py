@@ -18,7 +18,7 @@ from server.limits import UserLimiter
 from storage import StoreError
 from engine.tools import NO_CALL_GRAMMAR, ToolCallParser, ToolPlan
 from ui import actions
-from ui.conversation import build_prompt, chat_messages, extend, template_text
+from ui.conversation import build_prompt, call_message, chat_messages, extend, template_text
 from ui.grounding import ground, mark
 
 log = logging.getLogger("pagedchat.ui")
@@ -94,6 +94,14 @@ def source_lines(sources: list[dict]) -> str:
 def in_flight(text: str, calls: list[dict], running: bool) -> dict:
     """The reply as it is being written (or its tool runs)."""
     return {"role": "assistant", "content": (text or "") + tool_lines(calls, running)}
+
+
+def after_call(tokenizer, context_ids: list[int], messages: list[dict], record: dict, plan, encode) -> list[int]:
+    """The prompt after a call: what the engine saw (prompt and call), then the call's result as a
+    tool message and the assistant's turn, rendered by the template (token for token where it can)."""
+    text = template_text(tokenizer, messages + [{"role": "tool", "tool_call_id": record["id"],
+                                                 "content": record["result"]}], plan)
+    return extend(tokenizer, context_ids, text, encode).token_ids
 
 
 def with_grammar(params: SamplingParams, grammar: str) -> SamplingParams:
@@ -221,11 +229,12 @@ class ChatService:
                 tool = actions.triggered(tools, last_text)
                 first = with_grammar(params, ToolPlan(plan.tools, tool.name if tool else "auto", False).grammar)
             parser = ToolCallParser()
-            async for out in self._generate(prompt_ids, first, tab, session_id, salt):
-                parser.feed(out.delta_text)  # a reply without a call is stored as written, token for token
-                visible = parser.content if parser.in_call else out.outputs[0].text
-                reply.save(out, "streaming", visible)
-                yield self.render(shown) + [in_flight(visible, [], parser.in_call)], False
+            async with contextlib.aclosing(self._generate(prompt_ids, first, tab, session_id, salt)) as stream:
+                async for out in stream:  # a reply without a call is stored as written, token for token
+                    parser.feed(out.delta_text)
+                    visible = parser.content if parser.in_call else out.outputs[0].text
+                    reply.save(out, "streaming", visible)
+                    yield self.render(shown) + [in_flight(visible, [], parser.in_call)], False
             if parser.calls and reply.last.outputs[0].finish_reason == "stop":
                 call, tool = parser.calls[0], next(t for t in tools if t.name == parser.calls[0].name)
                 record = {"id": call.id, "name": call.name, "arguments": call.arguments,
@@ -234,18 +243,16 @@ class ChatService:
                 result = await asyncio.to_thread(actions.run, tool, call.arguments, self.store,
                                                  lambda reason: self.on_handoff(session_id))
                 record.update(result=result.text, error=result.error)
-                messages = chat_messages(system, window + [{"role": "user", "content": last_text}])
-                context = prompt_ids + reply.last.outputs[0].token_ids
-                prompt_2 = extend(info.tokenizer, context, template_text(info.tokenizer, messages + [
-                    {"role": "assistant", "content": "", "call_text": record["text"],
-                     "tool_calls": [{"id": call.id, "type": "function", "function": {"name": call.name,
-                                                                                      "arguments": call.arguments}}]},
-                    {"role": "tool", "tool_call_id": call.id, "content": result.text}], plan), encode).token_ids
+                messages = chat_messages(system, window + [{"role": "user", "content": last_text}]) + [
+                    call_message([record])]
+                prompt_2 = after_call(info.tokenizer, prompt_ids + reply.last.outputs[0].token_ids, messages, record,
+                                      plan, encode)
                 reply.next_step(prompt_2, [record])
-                async for out in self._generate(prompt_2, with_grammar(params, NO_CALL_GRAMMAR), tab, session_id,
-                                                salt):
-                    reply.save(out, "streaming")
-                    yield self.render(shown) + [in_flight(out.outputs[0].text, [record], False)], False
+                answer = self._generate(prompt_2, with_grammar(params, NO_CALL_GRAMMAR), tab, session_id, salt)
+                async with contextlib.aclosing(answer) as stream:
+                    async for out in stream:
+                        reply.save(out, "streaming")
+                        yield self.render(shown) + [in_flight(out.outputs[0].text, [record], False)], False
         except (ValueError, EngineDeadError, EngineOverloadedError) as e:
             if reply.last is None:
                 if not regenerate:  # refused at admission: the text stays in the box, unsent

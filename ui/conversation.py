@@ -30,12 +30,17 @@ def chat_messages(system_prompt: str, history: list[dict]) -> list[dict]:
     for m in history:
         calls = m.get("tool_calls") or []
         if m["role"] == "assistant" and calls:
-            msgs.append({"role": "assistant", "content": "", "call_text": calls[0].get("text"),
-                         "tool_calls": [{"id": c["id"], "type": "function",
-                                         "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]})
+            msgs.append(call_message(calls))
             msgs += [{"role": "tool", "tool_call_id": c["id"], "content": c["result"]} for c in calls]
         msgs.append({"role": m["role"], "content": m["content"]})
     return msgs
+
+
+def call_message(calls: list[dict]) -> dict:
+    """The assistant's turn that made these calls (the chat's records: id, name, arguments, text)."""
+    return {"role": "assistant", "content": "", "call_text": calls[0].get("text"),
+            "tool_calls": [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                           for c in calls]}
 
 
 def template_text(tokenizer, messages: list[dict], plan: ToolPlan | None = None) -> str:

@@ -103,3 +103,16 @@ class FakeEngineClient:
 
     def shutdown(self) -> None:
         self.state = "dead"
+
+
+async def press_stop(turn) -> None:
+    """What Stop does to a turn waiting on the engine (fake.gate cleared): its event's task is cancelled,
+    then the turn closed."""
+    import contextlib
+
+    pending = asyncio.ensure_future(turn.__anext__())
+    await asyncio.sleep(0.01)
+    pending.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pending
+    await turn.aclose()

@@ -2,7 +2,6 @@
 run, its result goes back to the model as a tool message, the answer is stored with the call, and
 the next turn continues token for token; failures become a line in the chat, never a crash."""
 import asyncio
-import contextlib
 import json
 import socket
 from types import SimpleNamespace
@@ -11,7 +10,7 @@ import pytest
 
 from engine.tools import ToolPlan, call_text
 from storage import Store
-from tests.fakes import FakeEngineClient
+from tests.fakes import FakeEngineClient, press_stop
 from ui import actions
 from ui.handlers import ChatHandlers
 
@@ -224,12 +223,7 @@ def test_stop_during_the_answer_aborts_it_at_once_and_keeps_the_call(chat, fake)
         while len(fake.requests) < 2:
             await turn.__anext__()  # through the call and its result, to the answer's first token
         fake.gate.clear()
-        pending = asyncio.ensure_future(turn.__anext__())
-        await asyncio.sleep(0.01)
-        pending.cancel()  # what Stop does to the event's task
-        with contextlib.suppress(asyncio.CancelledError):
-            await pending
-        await turn.aclose()
+        await press_stop(turn)
         assert fake.requests[-1]["request_id"] in fake.aborted  # at once, not when the generator is collected
         return uid, sid
 

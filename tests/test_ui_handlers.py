@@ -1,7 +1,6 @@
 """Fast tier: the chat page's handlers against a fake EngineClient and a real (temporary) store:
 turns stored with their token ids, stop keeps the partial reply, sessions stay their owner's."""
 import asyncio
-import contextlib
 import dataclasses
 from types import SimpleNamespace
 
@@ -12,7 +11,7 @@ from engine.client import EngineOverloadedError
 from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import UserLimiter
 from storage import Store
-from tests.fakes import FakeEngineClient
+from tests.fakes import FakeEngineClient, press_stop
 from ui.handlers import ChatHandlers
 from ui.operator import OperatorHandlers
 
@@ -65,12 +64,7 @@ def test_stop_mid_reply_aborts_and_keeps_the_partial_reply(chat, fake):
         await turn.__anext__()
         await turn.__anext__()
         fake.gate.clear()
-        pending = asyncio.ensure_future(turn.__anext__())
-        await asyncio.sleep(0.01)
-        pending.cancel()  # what Stop does to the event's task
-        with contextlib.suppress(asyncio.CancelledError):
-            await pending
-        await turn.aclose()
+        await press_stop(turn)
 
     asyncio.run(scenario())
     reply = chat.store.messages(uid, sid)[-1]

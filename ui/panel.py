@@ -105,19 +105,19 @@ def page_map_html(snap: dict | None) -> str:
     states, owners, positions = snap["block_states"], snap["block_owners"], snap.get("block_positions", {})
     n = len(states)
     per_cell = max(1, -(-n // MAX_CELLS))
-    cells, knowledge_cells = [], 0
+    knowledge_blocks = {i for i, owner in owners.items() if positions.get(i) in KNOWLEDGE_BLOCKS.get(owner, ())}
+    cells = []
     for start in range(0, n, per_cell):
         group = range(start, min(start + per_cell, n))
         state = max(states[i] for i in group)
         owner = next((owners[i] for i in group if i in owners), None)
-        knowledge = any(positions.get(i) in KNOWLEDGE_BLOCKS.get(owners.get(i), ()) for i in group)
+        knowledge = any(i in knowledge_blocks for i in group)
         colour = ({BlockState.FREE: "#e5e7eb", BlockState.CACHED: "#93c5fd"}.get(state)
                   or (KNOWLEDGE_COLOUR if knowledge else owner_colour(owner or "")))
         border = "outline:1px solid #111;" if state == BlockState.SHARED else ""
         title = f"block {start}" + (f"-{group[-1]}" if per_cell > 1 else "") + f": {STATE_NAMES[state]}"
         if owner:
             title += f", {owner}" + (", knowledge" if knowledge else "")
-        knowledge_cells += knowledge
         cells.append(f"<i title='{html.escape(title)}' style='background:{colour};{border}'></i>")
     s = snap["stats"]
     counts = {name: sum(1 for x in states if x == code) for code, name in STATE_NAMES.items()}
@@ -127,8 +127,8 @@ def page_map_html(snap: dict | None) -> str:
         "#kv-grid i{display:block;width:9px;height:9px;border-radius:1px}</style>"
         f"<div id='kv-map'><div id='kv-counts'>KV pages: <b>{n}</b> total · "
         f"<b id='kv-used'>{counts['in use'] + counts['shared']}</b> in use ({counts['shared']} shared) · "
-        f"<b>{counts['cached']}</b> cached · <b>{counts['free']}</b> free · <b id='kv-knowledge'>{knowledge_cells}</b> "
-        f"<span style='color:{KNOWLEDGE_COLOUR}'>■</span> knowledge · {s['block_size']} tokens each{note}"
+        f"<b>{counts['cached']}</b> cached · <b>{counts['free']}</b> free · "
+        f"<b id='kv-knowledge'>{len(knowledge_blocks)}</b> <span style='color:{KNOWLEDGE_COLOUR}'>■</span> knowledge · {s['block_size']} tokens each{note}"
         f"</div><div id='kv-grid'>{''.join(cells)}</div>"
         f"<div id='engine-counts'>running <b id='num-running'>{s['num_running']}</b> · waiting "
         f"<b>{s['num_waiting']}</b> · preemptions {s['num_preemptions']} · prefix hits "

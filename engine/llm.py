@@ -10,7 +10,8 @@ from engine.llm_engine import LLMEngine
 from engine.outputs import ChoiceCollector, EngineStats, RequestOutput, ScheduledRequest
 from engine.request import Request
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
-from engine.tools import ToolPlan, parse_reply, parse_tools, render
+from engine.tool_calls import parse_reply
+from engine.tools import ToolPlan, parse_tools, render
 
 
 class LLM:

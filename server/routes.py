@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.client import EngineClient, ModelInfo
 from engine.errors import ParameterError, parameter_of
-from engine.tools import parse_reply, render
+from engine.tool_calls import parse_reply
+from engine.tools import render
 from server.auth import Credentials
 from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter

@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 
 from engine.client import EngineDeadError, EngineOverloadedError
 from engine.outputs import ChoiceCollector
-from engine.tools import ToolCallParser
+from engine.tool_calls import ToolCallParser
 from server.errors import APIError
 from server.logprobs import CompletionLogprobs, chat_logprobs
 from server.protocol import chat_chunk, completion_chunk, error_body, usage

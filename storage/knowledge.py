@@ -245,11 +245,14 @@ class Knowledge:
                                  "chunks c on c.document_id = d.id where d.assistant = ? group by d.id order by d.name",
                                  [assistant]))
 
-    def chunk(self, assistant: str, chunk_id: int) -> Chunk | None:
+    def chunks(self, assistant: str, ids: list[int]) -> list[Chunk]:
+        """These chunks of the assistant's, in this order (any that no longer exist left out)."""
         with self.store._db() as db:
-            rows = list(db.query("select c.id, d.name, c.section, c.text from chunks c join documents d on "
-                                 "d.id = c.document_id where c.id = ? and c.assistant = ?", [chunk_id, assistant]))
-        return Chunk(*rows[0].values(), assistant=assistant) if rows else None
+            return _chunks(db, assistant, ids)
+
+    def chunk(self, assistant: str, chunk_id: int) -> Chunk | None:
+        found = self.chunks(assistant, [chunk_id])
+        return found[0] if found else None
 
     def search(self, assistant: str, query: str, k: int = 3, min_score: float = 0.0) -> list[Chunk]:
         """The k chunks most relevant to `query` (bm25 over trigrams; short words by instr)."""
@@ -269,9 +272,15 @@ class Knowledge:
                                     "text), ?) > 0", [assistant, w]):
                     scores[row["id"]] = scores.get(row["id"], 0.0) + 1.0
             best = sorted((cid for cid, s in scores.items() if s > min_score), key=lambda c: -scores[c])[:k]
-            found = []
-            for cid in best:
-                row = next(db.query("select c.id, d.name, c.section, c.text from chunks c join documents d on "
-                                    "d.id = c.document_id where c.id = ?", [cid]))
-                found.append(Chunk(row["id"], row["name"], row["section"], row["text"], scores[cid], assistant))
+            found = _chunks(db, assistant, best)
+        for chunk in found:
+            chunk.score = scores[chunk.id]
         return found
+
+
+def _chunks(db, assistant: str, ids: list[int]) -> list[Chunk]:
+    """These chunks of the assistant's, in the order of `ids` (missing ones left out)."""
+    rows = {r["id"]: r for r in db.query(
+        f"select c.id, d.name, c.section, c.text from chunks c join documents d on d.id = c.document_id "
+        f"where c.assistant = ? and c.id in ({', '.join('?' * len(ids))})", [assistant, *ids])} if ids else {}
+    return [Chunk(i, rows[i]["name"], rows[i]["section"], rows[i]["text"], assistant=assistant) for i in ids if i in rows]

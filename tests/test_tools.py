@@ -10,8 +10,8 @@ import openai
 import pytest
 from fastapi.testclient import TestClient
 
-from engine.tools import (CLOSE, OPEN, ToolCallParser, call_text, parse_reply, parse_tools, render,
-                          template_inputs)
+from engine.tool_calls import CLOSE, OPEN, ToolCallParser, parse_reply
+from engine.tools import call_text, parse_tools, render, template_inputs
 from server.routes import create_app
 from tests.fakes import FakeEngineClient
 

@@ -16,7 +16,8 @@ from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from server.limits import UserLimiter
 from storage import StoreError
-from engine.tools import NO_CALL_GRAMMAR, ToolCallParser, ToolPlan
+from engine.tool_calls import ToolCallParser
+from engine.tools import NO_CALL_GRAMMAR, ToolPlan
 from ui import actions
 from ui.conversation import build_prompt, call_message, chat_messages, extend, template_text
 from ui.grounding import ground, mark

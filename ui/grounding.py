@@ -96,7 +96,7 @@ def retrieve(knowledge: Knowledge, assistant: dict, history: list[dict], text: s
     last = next((m for m in reversed(history) if m["role"] == "assistant"), None)
     before = [s["id"] for s in (last or {}).get("sources") or []]
     if found and {c.id for c in found} <= set(before):
-        again = [knowledge.chunk(assistant["assistant"], i) for i in before]
-        if all(again):
+        again = knowledge.chunks(assistant["assistant"], before)
+        if len(again) == len(before):
             return again
     return found

@@ -19,7 +19,8 @@ from storage.handoff import Handoff
 from storage.knowledge import Knowledge
 from ui import actions, assistants, grounding, transfer
 from ui.assistants import CHAT_REPETITION_PENALTY
-from ui.chat import TYPING, ChatService, ReplyCut, customer_display, display, feedback_values, plain_text
+from ui.chat import ChatService, ReplyCut
+from ui.display import TYPING, customer_display, display, feedback_values, plain_text
 from ui.i18n import say, wants_person
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError)  # shown as a warning

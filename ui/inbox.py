@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from storage.handoff import Handoff
-from ui.chat import display
+from ui.display import display
 
 INBOX_COLUMNS = ["chat", "state", "agent", "waiting", "assistant", "customer", "last message"]
 MAX_REPLY_CHARS = 4000

@@ -22,7 +22,6 @@ from ui.display import TYPING, display, in_flight
 from ui.grounding import ground, mark
 
 
-
 class ReplyCut(EngineDeadError):
     """A reply cut after it had started (its engine went away): what was written is stored, marked
     interrupted, and the turn counts as sent."""

@@ -155,7 +155,9 @@ class LLMEngine:
         return t.request.session_id if t else None
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._tracked)
+        """Requests still running, or finished ones (aborted between steps) whose final output the
+        next step() has yet to return: a caller that stops stepping when this is False loses none."""
+        return bool(self._tracked or self._pending)
 
     # ---- one iteration ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -96,9 +96,10 @@ def test_abort_frees_blocks_and_reports_abort(tiny):
     assert engine.get_stats().kv_blocks_used > 0
     assert engine.abort_request("gone")
     assert engine.get_stats().kv_blocks_used == 0
+    assert engine.has_unfinished_requests()  # the only request, aborted: its final output is still to come
     outs = engine.step()
     assert [(o.request_id, o.outputs[0].finish_reason) for o in outs] == [("gone", "abort")]
-    assert not engine.abort_request("gone")
+    assert not engine.abort_request("gone") and not engine.has_unfinished_requests()
 
 
 def test_full_waiting_queue_refuses_with_overloaded(tiny_model):

@@ -122,6 +122,40 @@ def test_enter_sends_shift_enter_breaks_the_line_and_the_message_shows_first(pag
     assert re.search(r"\b\d\d:\d\d\b", page.locator("#chatbot [data-testid='user']").last.inner_text())  # timestamp
 
 
+def test_stop_mid_reply_aborts_the_engine_request_and_keeps_what_was_shown(page, app_url):
+    """Stop, by the keyboard, on a reply allowed 1024 tokens: the engine request ends at once (its
+    blocks freed, far fewer tokens than allowed), and the stored reply is the text on screen, marked."""
+    from playwright.sync_api import expect
+
+    stats = lambda: app_url.llm.run_on_engine_thread(lambda e: e.get_stats())  # noqa: E731
+    new_chat(page)
+    page.locator("#sampling").click()
+    expect(page.locator("#sampling-note")).to_contain_text("Defaults for")  # the page's load has set the sliders
+    max_tokens = page.locator("#max-tokens input[type='range']")
+    max_tokens.focus()
+    page.keyboard.press("End")  # the slider's maximum, by the keyboard
+    expect(max_tokens).to_have_value("1024")
+    generated_before = stats().generation_tokens_total
+    page.locator("#msg textarea").fill("Tell me everything about your return policy, at length.")
+    page.keyboard.press("Enter")
+    expect(bots(page).last).to_have_text(re.compile(r"\S{3}.{20}", re.S))  # mid-reply: some text, not the end
+    page.locator("#stop").focus()
+    page.keyboard.press("Enter")
+    expect(bots(page).last).to_contain_text("stopped")  # the stored reply, shown with its footer
+    content, reason, generated = db_rows(app_url, "select content, finish_reason, generated_tokens from messages "
+                                                  "where role = 'assistant' order by id desc limit 1")[0]
+    assert reason == "abort" and 0 < generated < 1024
+    after = stats()
+    assert after.num_running == 0 and after.kv_blocks_used == 0  # the request left the engine, its blocks freed
+    # the engine stopped before its 1024: it ran on past what the screen showed only for the stop's round trip
+    assert generated <= after.generation_tokens_total - generated_before < 1024
+    shown = bots(page).last.inner_text()
+    assert shown.split("\n")[0].strip() and content.strip().split("\n")[0] in shown
+    max_tokens.fill("256")
+    expect(page.locator("#max-tokens input[type='number']")).to_have_value("256")
+    page.locator("#sampling").click()
+
+
 @pytest.mark.slow
 def test_edit_an_earlier_message_branches_and_keeps_turn_0_cached(page, app_url):
     from playwright.sync_api import expect

@@ -294,6 +294,31 @@ def test_a_failed_switch_leaves_the_old_model_serving(tiny_model, tmp_path):
     llm.shutdown()
 
 
+def test_an_abort_from_elsewhere_ends_the_only_stream_with_its_final_output(tiny_model):
+    """The chat's Stop aborts by request id while the turn reads the stream: even when it was the
+    engine's only request (nothing left to step), the stream gets its final "abort" output."""
+    import asyncio
+
+    llama, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=llama, dtype="float32", num_kv_blocks=64))
+    assert llm.wait_ready(120)
+
+    async def read():
+        outs = []
+        async for out in llm.generate([5, 6, 7], SamplingParams(max_tokens=3000, ignore_eos=True), request_id="chat"):
+            outs.append(out)
+            if len(outs) == 3:
+                llm.abort("chat")
+        return outs
+
+    try:
+        outs = asyncio.run(asyncio.wait_for(read(), 60))
+    finally:
+        llm.shutdown()
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert len(outs[-1].outputs[0].token_ids) < 3000
+
+
 async def _collect(stream):
     last = None
     async for last in stream:

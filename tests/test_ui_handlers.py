@@ -73,6 +73,39 @@ def test_stop_mid_reply_aborts_and_keeps_the_partial_reply(chat, fake):
     assert fake.requests[-1]["request_id"] in fake.aborted
 
 
+@pytest.mark.parametrize("ended_by", ["stop", "tab closed"])
+def test_stop_or_a_closed_tab_ends_a_turn_that_no_task_is_reading_and_frees_the_chat(chat, fake, ended_by):
+    """Gradio's cancel can miss the turn (its task cancelled between two updates), and a closed tab
+    reads nothing more: the turn is left parked after an update, and nothing would ever read the
+    engine's abort. The Stop and tab-closed handlers end it: the engine request aborted, the reply
+    stored as shown and marked, the chat free for the next turn."""
+    uid, sid = chat.current(None, None, tab("erin"))
+    chat.service.limiter = UserLimiter(1)  # one turn at a time for this user: a parked turn would hold it
+
+    async def scenario():
+        fake.gate = asyncio.Event()
+        turn = chat.send(uid, sid, "Tell me a story", 0.0, 1.0, 64, request=tab("erin"))
+        fake.gate.set()
+        for _ in range(3):
+            shown = await turn.__anext__()
+        fake.gate.clear()  # parked after an update, as a turn whose event's task went away
+        if ended_by == "stop":
+            after_stop = await chat.stop(uid, sid, tab("erin"))
+        else:
+            await chat.tab_closed(tab("erin"))
+            after_stop = chat.display(chat.store.messages(uid, sid))
+        fake.gate.set()
+        return shown[0], after_stop, await drain(chat.send(uid, sid, "And then?", 0.0, 1.0, 64, request=tab("erin")))
+
+    shown, after_stop, next_turn = asyncio.run(scenario())
+    stopped = chat.store.messages(uid, sid)[1]
+    assert stopped["finish_reason"] == "abort" and stopped["content"] == shown[-1]["content"]
+    assert fake.requests[0]["request_id"] in fake.aborted
+    assert "stopped" in after_stop[1]["content"]  # what the tab shows after Stop: the stored reply, marked
+    assert fake.info.tokenizer.decode(fake.reply_ids) in next_turn[-1][0][-1]["content"]  # answered, not refused
+    assert [m["finish_reason"] for m in chat.store.messages(uid, sid)] == [None, "abort", None, "stop"]
+
+
 def test_a_refused_turn_keeps_the_text_and_stores_nothing(chat, fake):
     uid, sid = chat.current(None, None, tab("carol"))
     fake.refuse_with = EngineOverloadedError("engine overloaded")

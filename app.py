@@ -99,6 +99,7 @@ def build_app(args: argparse.Namespace):
     from ui.i18n import I18N, LANG_COOKIE, LANGUAGES
     from ui.customer import build_customer_ui
     from ui.layout import build_ui
+    from ui.page import assets as page_assets
 
     store = Store(args.db)
     cut = store.mark_interrupted()
@@ -127,7 +128,7 @@ def build_app(args: argparse.Namespace):
     api.add_middleware(LanguageCookieMiddleware, cookie=LANG_COOKIE, languages=LANGUAGES)
     api.add_api_route("/knowledge/{assistant}/{chunk_id}", knowledge_page(store), include_in_schema=False)
     models, salted = model_choices(config, args.models), args.cache_isolation == "user"
-    mount = dict(auth=login(credentials), footer_links=[], run_history=False)
+    mount = dict(auth=login(credentials), footer_links=[], run_history=False, **page_assets())
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted)
     app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N, **mount)
     console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials,

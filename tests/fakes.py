@@ -3,6 +3,7 @@ without a model. It replies with scripted tokens, records what it was asked, and
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from engine.client import ContextLengthError, EngineDeadError, ModelInfo
@@ -24,13 +25,24 @@ class FakeEngineClient:
         self.die_after: int | None = None  # when set, the engine goes away after this many tokens
         self.switches: list[tuple] = []
         self.next_replies: list[str] = []  # when set, each request takes the first as its reply instead
+        self.loaded = threading.Event()  # set when the model is ready (start_loading clears it)
+        self.loaded.set()
 
     @property
     def ready(self) -> bool:
         return self.state == "ready"
 
     def wait_ready(self, timeout: float | None = None) -> bool:
+        self.loaded.wait(timeout)
         return self.ready
+
+    def start_loading(self) -> None:
+        """As at a fresh start: no model yet, until finish_loading()."""
+        self.state, self.loaded = "loading", threading.Event()
+
+    def finish_loading(self) -> None:
+        self.state = "ready"
+        self.loaded.set()
 
     async def generate(self, prompt, params: SamplingParams, *, request_id=None, priority=0, session_id=None,
                        cache_salt=None):

@@ -82,7 +82,7 @@ def test_a_chat_keeps_its_version_and_an_edit_applies_to_new_chats(shop, fake):
 def test_no_customer_output_carries_the_prompt(shop, fake, tmp_path):
     save(shop, "vip", SECRET_POLICY)
     req = customer("cara", "vip")
-    outputs = [shop.chat.init(req), shop.chat.greeting(req)]
+    outputs = [shop.chat.init(req), *asyncio.run(drain(shop.chat.greeting(req)))]
     uid, sid = outputs[0][0], outputs[0][2]
     outputs += asyncio.run(drain(shop.chat.send(uid, sid, "Hi", request=req)))
     outputs += [shop.chat.open_session(uid, sid, req), shop.chat.new_chat(uid, request=req),
@@ -92,7 +92,7 @@ def test_no_customer_output_carries_the_prompt(shop, fake, tmp_path):
     assert "ZX-81" not in repr(outputs) + "".join(exported)
     data = json.loads(exported[0])
     assert data["system_prompt"] == "" and all(m["token_ids"] == [] for m in data["messages"])
-    assert shop.chat.greeting(req)[0]["placeholder"] == "Welcome to vip."
+    assert asyncio.run(drain(shop.chat.greeting(req)))[-1][0]["placeholder"] == "Welcome to vip."
 
 
 def test_an_imported_file_cannot_choose_the_instructions(shop, fake, tmp_path):

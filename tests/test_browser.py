@@ -13,6 +13,20 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 SCREENSHOT_DIR = os.environ.get("PAGEDCHAT_SCREENSHOTS", "test-artifacts")
+AXE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".tools", "axe", "node_modules",
+                   "axe-core", "axe.min.js")  # `make browser` installs axe-core 4.14.1 from the npm registry
+
+
+def axe_violations(page, impacts=("critical", "serious")) -> list[str]:
+    """axe-core's accessibility check of the page as it is now: the violations of these impacts,
+    one line each (rule, and the elements it found)."""
+    if not os.path.exists(AXE):
+        pytest.fail("axe-core is not installed (make browser installs it under .tools/axe)")
+    if not page.evaluate("typeof axe !== 'undefined'"):
+        page.add_script_tag(path=AXE)
+    found = page.evaluate("async () => (await axe.run()).violations.map(v => ({id: v.id, impact: v.impact, "
+                          "nodes: v.nodes.map(n => n.target.join(' '))}))")
+    return [f"{v['impact']} {v['id']}: {', '.join(v['nodes'][:6])}" for v in found if v["impact"] in impacts]
 
 
 @pytest.fixture(scope="module")

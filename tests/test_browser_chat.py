@@ -10,7 +10,7 @@ import pytest
 
 from app import build_app, parse_args
 from tests.serving import LiveServer, logins_file
-from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR
+from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR, axe_violations
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -156,6 +156,85 @@ def test_stop_mid_reply_aborts_the_engine_request_and_keeps_what_was_shown(page,
     page.locator("#sampling").click()
 
 
+LINES_OF_TEXT = """e => {  // how many lines the element's text takes on screen
+  const walk = document.createTreeWalker(e, NodeFilter.SHOW_TEXT), bottoms = [];
+  while (walk.nextNode()) { const r = document.createRange(); r.selectNodeContents(walk.currentNode);
+    for (const rect of r.getClientRects()) if (rect.height) bottoms.push(rect.bottom); }
+  return new Set(bottoms.map((b) => Math.round(b / 8))).size; }"""
+FOCUSED = "() => { const e = document.activeElement; return [e.id, e.getAttribute('aria-label') || '', " \
+          "!!e.closest('#chatbot'), e.tagName, e.className]; }"
+
+
+def test_the_keyboard_skips_to_the_box_tabs_past_the_chat_in_one_stop_and_escape_cancels_an_edit(page, app_url):
+    """Tab from the top: a skip link to the message box. The conversation's per-message buttons are one
+    Tab stop, walked with the arrow keys. Escape leaves an edit unchanged. axe-core finds nothing
+    critical or serious, with and without an open edit box."""
+    from playwright.sync_api import expect
+
+    new_chat(page)
+    for text in ("Where is my parcel?", "It was a tent."):
+        send_by_keyboard(page, text)
+    page.evaluate("() => { const top = document.createElement('span'); top.tabIndex = -1; "  # focus the page's top
+                  "document.body.prepend(top); top.focus(); top.remove(); }")
+    page.keyboard.press("Tab")
+    assert page.evaluate(FOCUSED)[0] == "skip-to-message"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement === document.querySelector('#msg textarea')")
+
+    stops = []  # Shift+Tab from the box walks back through the chat: how many stops inside it?
+    for _ in range(12):
+        page.keyboard.press("Shift+Tab")
+        focused = page.evaluate(FOCUSED)
+        if stops and stops[-1][2] and not focused[2]:
+            break
+        stops.append(focused)
+    in_chat = [f for f in stops if f[2]]
+    assert 1 <= len(in_chat) <= 2, stops  # one for the messages' buttons (plus the chat's Clear), not ten
+    message_button = next(f for f in in_chat if f[1] != "Clear")
+    page.keyboard.press("Tab")  # forwards again, onto the messages' one stop
+    while page.evaluate(FOCUSED)[1] != message_button[1]:
+        page.keyboard.press("Tab")
+    seen = {page.evaluate(FOCUSED)[1]}
+    for _ in range(10):  # the arrows walk the buttons of every message, up to an Edit
+        page.keyboard.press("ArrowLeft")
+        focused = page.evaluate(FOCUSED)
+        assert focused[2], focused  # still inside the chat
+        seen.add(focused[1])
+        if focused[1] == "Edit":
+            break
+    assert {"Edit", "Like", "Copy message"} <= seen, seen
+    assert axe_violations(page) == []
+    page.keyboard.press("Enter")  # edit the second question, then think better of it
+    editor = page.locator("#chatbot .edit-textarea")
+    expect(editor).to_be_visible()
+    assert editor.get_attribute("aria-label")  # the edit box is labelled
+    assert axe_violations(page) == []
+    editor.fill("It was a backpack.")
+    page.keyboard.press("Escape")
+    expect(editor).to_have_count(0)
+    expect(page.locator("#chatbot [data-testid='user']").last).to_contain_text("It was a tent.")
+    assert not db_rows(app_url, "select 1 from messages where content like '%backpack%'")
+
+
+def test_deleting_a_chat_asks_first(page):
+    from playwright.sync_api import expect
+
+    new_chat(page)
+    send_by_keyboard(page, "Please keep this chat.")
+    sessions = page.locator("#sessions label").count()
+    page.locator("#delete").click()
+    expect(page.locator("#confirm-delete-yes")).to_be_visible()
+    page.locator("#confirm-delete-no").click()  # changed my mind: nothing is deleted
+    expect(page.locator("#confirm-delete")).to_be_hidden()
+    assert page.locator("#sessions label").count() == sessions
+    expect(page.locator("#chatbot [data-testid='user']")).to_contain_text("Please keep this chat.")
+    page.locator("#delete").click()
+    page.locator("#confirm-delete-yes").click()
+    expect(page.locator("#sessions label")).to_have_count(sessions - 1)
+    expect(page.locator("#confirm-delete")).to_be_hidden()
+    assert "Please keep this chat." not in page.locator("#sessions").inner_text()
+
+
 @pytest.mark.slow
 def test_edit_an_earlier_message_branches_and_keeps_turn_0_cached(page, app_url):
     from playwright.sync_api import expect
@@ -243,6 +322,9 @@ def test_an_exported_chat_imports_back_identical_and_delete_all_asks_first(page,
 def test_panel_model_line_narrow_layout_and_dark_mode(page):
     from playwright.sync_api import expect
 
+    new_chat(page)
+    send_by_keyboard(page, "A first question long enough to fill the whole width of a phone's chat bubble")
+
     expect(page.locator("#model-line")).to_contain_text("quantization")
     assert page.get_by_text("Memory (MiB)").count() >= 1
     page.locator("#theme-toggle").click()
@@ -259,6 +341,16 @@ def test_panel_model_line_narrow_layout_and_dark_mode(page):
     chat_box, panel_box = page.locator("#chatbot").bounding_box(), page.locator("#panel").bounding_box()
     assert panel_box["y"] >= chat_box["y"] + chat_box["height"]  # the panel folds under the chat
     assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1  # no sideways scrolling
+    page.screenshot(path=os.path.join(SCREENSHOT_DIR, "narrow.png"), full_page=True)
+    toggle = page.locator("button[aria-label='Toggle Sidebar']").bounding_box()
+    assert toggle["x"] >= 2 and toggle["x"] + toggle["width"] <= 390  # wholly on screen, clear of the edge
+    lines = page.locator("#model-line").evaluate(LINES_OF_TEXT)
+    assert lines <= 3.5  # the model line: three lines at most on a phone (it took five)
+    clear = page.locator("#chatbot button[aria-label='Clear']")
+    page.locator("#chatbot .bubble-wrap").evaluate("e => { e.scrollTop = 0; }")  # the chat scrolled to its start
+    user_first = page.locator("#chatbot [data-testid='user']").first.bounding_box()
+    assert user_first["y"] >= clear.bounding_box()["y"] + clear.bounding_box()["height"]  # no bubble over the trash
+    assert axe_violations(page) == []
     page.screenshot(path=os.path.join(SCREENSHOT_DIR, "narrow.png"), full_page=True)
     page.set_viewport_size({"width": 1400, "height": 1000})
     page.reload()

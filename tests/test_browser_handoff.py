@@ -8,7 +8,7 @@ import pytest
 
 from app import build_app, parse_args
 from tests.serving import LiveServer, logins_file
-from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR
+from tests.test_browser import CHROMIUM, FLAGS, SCREENSHOT_DIR, axe_violations
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -57,6 +57,7 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
     for absent in ("#system", "#temperature", "#panel", "#model-line", "#operator"):
         assert customer.locator(absent).count() == 0, absent
     expect(customer.locator("#assistant-name")).to_contain_text("Northwind")
+    assert axe_violations(customer) == []  # axe-core: nothing critical or serious on the phone-sized chat
     customer.locator("#msg textarea").click()
     customer.keyboard.type("My tent arrived torn, I want to talk to a person")
     customer.keyboard.press("Enter")

@@ -136,7 +136,7 @@ def test_a_canned_shortcut_expands_in_the_box_before_it_is_sent(shop, monkeypatc
 
 
 def test_quick_replies_show_in_an_empty_chat_and_send_their_text(shop):
-    chips = shop.chat.greeting(customer("cara"))[0]["examples"]
+    chips = asyncio.run(drain(shop.chat.greeting(customer("cara"))))[-1][0]["examples"]
     assert {"text": "주문 조회"} in chips
     data = SimpleNamespace(value={"text": "Where is my order?"})
     box, shown, pending = shop.chat.stage_quick_reply([], data)

@@ -106,6 +106,28 @@ def test_stop_or_a_closed_tab_ends_a_turn_that_no_task_is_reading_and_frees_the_
     assert [m["finish_reason"] for m in chat.store.messages(uid, sid)] == [None, "abort", None, "stop"]
 
 
+def test_a_message_sent_while_the_model_loads_shows_a_loading_line_and_is_answered_when_ready(chat, fake):
+    uid, sid = chat.current(None, None, tab("dana"))
+    fake.start_loading()
+
+    async def scenario():
+        turn = chat.send(uid, sid, "Is the shop open on Sunday?", 0.0, 1.0, 64, request=tab("dana"))
+        waiting = await turn.__anext__()
+        page = chat.greeting(tab("dana"))
+        placeholder = await page.__anext__()
+        fake.finish_loading()
+        return waiting, placeholder, [u async for u in page], [u async for u in turn]
+
+    waiting, placeholder, after_load, rest = asyncio.run(scenario())
+    shown = waiting[0]
+    assert [m["role"] for m in shown] == ["user", "assistant"] and "loading the model" in shown[1]["content"]
+    assert shown[0]["content"] == "Is the shop open on Sunday?" and waiting[1] == ""
+    assert "loading the model" in placeholder["placeholder"]
+    assert after_load[-1]["placeholder"] == "Ask the support assistant anything."  # the demo page's hint, once ready
+    assert [m["role"] for m in chat.store.messages(uid, sid)] == ["user", "assistant"]  # answered once ready
+    assert fake.info.tokenizer.decode(fake.reply_ids) in rest[-1][0][-1]["content"]
+
+
 def test_a_refused_turn_keeps_the_text_and_stores_nothing(chat, fake):
     uid, sid = chat.current(None, None, tab("carol"))
     fake.refuse_with = EngineOverloadedError("engine overloaded")

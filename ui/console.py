@@ -140,6 +140,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
     numbers = AnalyticsHandlers(store, operator)
     sampler = PanelSampler(client)
     with gr.Blocks(title="pagedchat console", analytics_enabled=False) as console:
+        gr.HTML("<h1 class='page-title'>pagedchat console</h1>")
         refused = gr.Markdown("The console is for agents and operators: log in with an agent's name (`--agent NAME`) "
                               "or an operator's (`--admin NAME`).", elem_id="console-refused")
         with gr.Column(visible=False, elem_id="agent-console") as agent_body:

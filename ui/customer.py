@@ -28,7 +28,7 @@ def build_customer_ui(client: EngineClient, store, *, limiter: UserLimiter, visi
                                      theme_btn=gr.Button(text("theme"), size="sm", scale=0, elem_id="theme-toggle"))
         pane = chat_pane(demo=False, t=text)
         header.language_btn.click(None, js=SWITCH_JS)
-        page.load(chat.greeting, None, [pane.chatbot, header.title], **PRIVATE)
+        page.load(chat.greeting, None, [pane.chatbot, header.title], concurrency_limit=None, **PRIVATE)
         started = wire_sessions(page, chat, state, side, pane, header)
         sent = wire_turns(page, chat, state, side, pane)
         wire_person(chat, state, side, pane, [started, *sent])

@@ -8,6 +8,7 @@ returned to the browser or taken from it; and the demo page (demo=True), where e
 prompt and the sampling sliders are the visitor's."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 
 import gradio as gr
@@ -24,6 +25,8 @@ from ui.display import TYPING, customer_display, display, feedback_values, plain
 from ui.i18n import say, wants_person
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError)  # shown as a warning
+MODEL_WAIT_S = 600  # how long a message sent while the model loads waits for it
+DEMO_HINT = "Ask the support assistant anything."
 
 
 class ChatHandlers:
@@ -116,12 +119,21 @@ class ChatHandlers:
         uid, sid = self.current(None, None, request)
         return (uid, *self.show_session(uid, sid, request))
 
-    def greeting(self, request: gr.Request):
-        """On load, the customer chat: the assistant's greeting and quick replies where the chat is
-        empty, and its name."""
+    async def greeting(self, request: gr.Request):
+        """On load: the chatbot's placeholder, saying the model is loading until it is ready (a
+        message typed meanwhile is kept and answered then), then the assistant's greeting and quick
+        replies (the customer chat) or the demo's hint; the customer chat also gets the assistant's
+        name as the page's heading."""
         a = self.assistant(request)
+        heading = () if self.demo else (f"# {a['name']}",)
         chips = [{"text": q} for q in a["quick_replies"]] or None
-        return gr.update(placeholder=a["greeting"] or None, examples=chips), f"**{a['name']}**"
+        ready = (gr.update(placeholder=DEMO_HINT) if self.demo
+                 else gr.update(placeholder=a["greeting"] or None, examples=chips))
+        if self.client.state == "loading":
+            yield (gr.update(placeholder=say(request, "loading")), *heading) if heading else gr.update(
+                placeholder=say(request, "loading"))
+            await asyncio.to_thread(self.client.wait_ready, MODEL_WAIT_S)
+        yield (ready, *heading) if heading else ready
 
     @staticmethod
     def stage_quick_reply(history, data: gr.SelectData):
@@ -147,9 +159,10 @@ class ChatHandlers:
         return gr.update(choices=self.session_choices(uid, request), value=sid)
 
     def delete(self, uid, sid, request: gr.Request):
+        """After the user confirmed: this chat goes; they see their newest other one (or a new one)."""
         uid, sid = self.current(uid, sid, request)
         self.store.delete_session(uid, sid)
-        return self.show_session(*self.current(uid, None, request), request)
+        return (*self.show_session(*self.current(uid, None, request), request), gr.update(visible=False))
 
     def marks(self, uid, sid, request: gr.Request):
         """The chatbot's thumbs as stored (chained after every event that shows messages, so API
@@ -238,6 +251,10 @@ class ChatHandlers:
             yield self.display(self.store.messages(uid, sid)), ""
             return
         try:
+            if self.client.state == "loading":  # a fresh start: the message waits for the model, on screen
+                yield self.display(self.store.messages(uid, sid)) + [
+                    {"role": "user", "content": text}, {"role": "assistant", "content": f"*{say(request, 'loading')}*"}], ""
+                await asyncio.to_thread(self.client.wait_ready, MODEL_WAIT_S)
             params = self._params(uid, sid, (temp, p, max_new, penalty))
             turn = self.service.turn(uid, sid, text, params, request.session_hash)
             async with contextlib.aclosing(turn):

@@ -16,7 +16,8 @@ TEXT = {
         "export_md": "Export Markdown", "export_json": "Export JSON", "download": "Download",
         "import": "Import a chat (JSON)", "delete_all": "Delete all my chats",
         "confirm_delete_all": "Delete **every** chat of yours? This cannot be undone.",
-        "confirm_yes": "Yes, delete all", "cancel": "Cancel", "theme": "Light / dark", "language": "한국어",
+        "confirm_yes": "Yes, delete all", "cancel": "Cancel",
+        "confirm_delete": "Delete this chat? This cannot be undone.", "confirm_delete_yes": "Delete it", "theme": "Light / dark", "language": "한국어",
         "comment": "What was good or wrong about this reply? (optional)", "send_feedback": "Send feedback",
         "message": "Type a message · Enter sends · Shift+Enter starts a new line", "send": "Send", "stop": "Stop",
         "regenerate": "Regenerate", "person": "Talk to a person", "chat": "Chat",
@@ -26,7 +27,8 @@ TEXT = {
         "rename": "이름 바꾸기", "delete": "삭제", "transfer": "내보내기, 가져오기", "export_md": "Markdown으로 내보내기",
         "export_json": "JSON으로 내보내기", "download": "다운로드", "import": "대화 가져오기 (JSON)",
         "delete_all": "내 대화 모두 삭제", "confirm_delete_all": "내 대화를 **모두** 삭제할까요? 되돌릴 수 없습니다.",
-        "confirm_yes": "네, 모두 삭제", "cancel": "취소", "theme": "밝게 / 어둡게", "language": "English",
+        "confirm_yes": "네, 모두 삭제", "cancel": "취소",
+        "confirm_delete": "이 대화를 삭제할까요? 되돌릴 수 없습니다.", "confirm_delete_yes": "삭제하기", "theme": "밝게 / 어둡게", "language": "English",
         "comment": "이 답변의 좋았던 점이나 잘못된 점은? (선택)", "send_feedback": "의견 보내기",
         "message": "메시지 입력 · Enter로 보내기 · Shift+Enter로 줄 바꿈", "send": "보내기", "stop": "중지",
         "regenerate": "다시 생성", "person": "상담원 연결", "chat": "상담",
@@ -45,6 +47,8 @@ SAID = {
         "deleted": "Deleted {n} chat(s).", "thanks": "Thanks for the feedback.",
         "imported": "Imported \"{title}\" as a new chat.", "import_failed": "Could not import that file: {why}",
         "new_chat": "New chat", "set_by_shop": "The assistant's instructions are set by the shop's operators.",
+        "loading": "The assistant is starting (loading the model). You can type now: your message is answered "
+                   "as soon as it is ready.",
     },
     "ko": {
         "waiting": "상담원 연결 대기 중: 대기 순서 {place}번입니다. 상담원이 이 대화 전체를 보게 되며, 그동안 "
@@ -56,6 +60,8 @@ SAID = {
         "deleted": "대화 {n}개를 삭제했습니다.", "thanks": "의견 감사합니다.",
         "imported": "\"{title}\" 대화를 새 대화로 가져왔습니다.", "import_failed": "파일을 가져올 수 없습니다: {why}",
         "new_chat": "새 대화", "set_by_shop": "어시스턴트의 지침은 매장 운영자가 정합니다.",
+        "loading": "어시스턴트를 시작하는 중입니다 (모델 불러오는 중). 지금 입력하셔도 됩니다. 준비되는 대로 답변해 "
+                   "드립니다.",
     },
 }
 

@@ -12,7 +12,7 @@ from engine.client import EngineClient
 from server.auth import Credentials, VisitorCookie
 from server.limits import UserLimiter
 from ui.assistants import CHAT_REPETITION_PENALTY
-from ui.handlers import ChatHandlers
+from ui.handlers import DEMO_HINT, ChatHandlers
 from ui.i18n import TEXT
 from ui.operator import FEEDBACK_COLUMNS, OperatorHandlers
 from ui.panel import PanelSampler, page_map_html
@@ -46,6 +46,7 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
     with gr.Blocks(title="pagedchat", analytics_enabled=False) as demo:  # no usage pings from a customer-facing app
         state = SimpleNamespace(user=gr.State(None), session=gr.State(None), rated=gr.State(None))
         side = chats_sidebar()
+        gr.HTML("<h1 class='page-title'>pagedchat demo</h1>")
         with gr.Row():
             header = SimpleNamespace(model_line=gr.HTML("Model: loading…", elem_id="model-line"),
                                      theme_btn=gr.Button("Light / dark", size="sm", scale=0, elem_id="theme-toggle"))
@@ -61,6 +62,7 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
             demo.load(chat.sampling_defaults, None, [pane.temperature, pane.top_p, pane.penalty, pane.sampling_note],
                       **PRIVATE)
             demo.load(operator.show_controls, None, [ops.column], **PRIVATE)
+            demo.load(chat.greeting, None, [pane.chatbot], concurrency_limit=None, **PRIVATE)
         wire_sessions(demo, chat, state, side, pane, header, demo_loads)
         wire_turns(demo, chat, state, side, pane)
         wire_panel(timer, chat, operator, sampler, header, pane, live, ops)
@@ -78,6 +80,10 @@ def chats_sidebar(t=ENGLISH) -> SimpleNamespace:
         with gr.Row():
             rename_btn = gr.Button(t("rename"), size="sm", elem_id="rename")
             delete_btn = gr.Button(t("delete"), size="sm", variant="stop", elem_id="delete")
+        with gr.Row(visible=False, elem_id="confirm-delete") as confirm_delete_row:
+            gr.Markdown(t("confirm_delete"))
+            confirm_delete_yes = gr.Button(t("confirm_delete_yes"), size="sm", variant="stop", elem_id="confirm-delete-yes")
+            confirm_delete_no = gr.Button(t("cancel"), size="sm", elem_id="confirm-delete-no")
         with gr.Accordion(t("transfer"), open=False, elem_id="transfer"):
             with gr.Row():
                 export_md_btn = gr.Button(t("export_md"), size="sm", elem_id="export-md")
@@ -97,7 +103,7 @@ def chat_pane(demo: bool = True, t=ENGLISH) -> SimpleNamespace:
     prompt and sampling."""
     chatbot = gr.Chatbot(elem_id="chatbot", height=520, sanitize_html=True, buttons=["copy"],
                          editable="user", feedback_options=("Like", "Dislike"),
-                         placeholder="Ask the support assistant anything.", **({} if demo else {"label": t("chat")}))
+                         placeholder=DEMO_HINT, **({} if demo else {"label": t("chat")}))
     with gr.Row(visible=False, elem_id="comment-row") as comment_row:
         comment_box = gr.Textbox(placeholder=t("comment"),
                                  show_label=False, scale=4, elem_id="comment")
@@ -194,7 +200,9 @@ def wire_sessions(page: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, s
     pane.chatbot.clear(chat.new_chat, [user, *system], new_chat, **PRIVATE)  # kept, not lost
     side.rename_btn.click(chat.rename, [user, session, side.title], [side.sessions])
     side.title.submit(chat.rename, [user, session, side.title], [side.sessions], **PRIVATE)
-    marks(side.delete_btn.click(chat.delete, [user, session], shown_session))
+    side.delete_btn.click(lambda: gr.update(visible=True), None, [side.confirm_delete_row], **PRIVATE)
+    side.confirm_delete_no.click(lambda: gr.update(visible=False), None, [side.confirm_delete_row], **PRIVATE)
+    marks(side.confirm_delete_yes.click(chat.delete, [user, session], [*shown_session, side.confirm_delete_row]))
     side.search.change(chat.find, [user, side.search], [side.sessions])
     if chat.demo:
         pane.save_system_btn.click(chat.save_system, [user, session, pane.system], None)

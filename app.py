@@ -118,7 +118,9 @@ def build_app(args: argparse.Namespace):
     config = config_from_args(args)
     client = make_client(config, args.engine_url)
     api = create_app(client, credentials=credentials, limiter=limiter, served_model_name=args.served_model_name,
-                     log_text=args.log_message_text, max_request_bytes=args.max_request_bytes)
+                     log_text=args.log_message_text, max_request_bytes=args.max_request_bytes,
+                     private_metrics=args.private_metrics)
+    api.state.settings.health_checks["storage"] = store.health
     visitors = None if credentials.required else VisitorCookie(visitor_secret(args, store))
     if visitors is not None:
         api.add_middleware(VisitorCookieMiddleware, cookie=visitors, embedded=bool(args.frame_ancestors))

@@ -33,6 +33,9 @@ def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
                         help="API request bodies over this get 413 before they are parsed")
+    parser.add_argument("--private-metrics", action="store_true",
+                        help="/metrics needs an API key like /v1 (Prometheus: bearer_token). Off: open, for a scraper "
+                             "inside the cluster; keep it off a public ingress")
     add_logging_args(parser)
 
 
@@ -58,7 +61,8 @@ def serve(app, host: str, port: int, on_exit, log_level: str = "warning") -> Non
 def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000,
                credentials: Credentials | None = None, limiter: UserLimiter | None = None,
                served_model_name: str | None = None, log_level: str = "info", log_format: str = "text",
-               log_text: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES, **engine_options) -> None:
+               log_text: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES, private_metrics: bool = False,
+               **engine_options) -> None:
     """Load the model in the background and serve; /health says 503 until it is ready."""
     from engine.async_llm import AsyncLLM
     from server.routes import create_app
@@ -66,7 +70,7 @@ def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int =
     setup_logging(log_format)
     llm = AsyncLLM(EngineConfig(model=model, **engine_options))
     app = create_app(llm, credentials=credentials, limiter=limiter, served_model_name=served_model_name,
-                     log_text=log_text, max_request_bytes=max_request_bytes)
+                     log_text=log_text, max_request_bytes=max_request_bytes, private_metrics=private_metrics)
     serve(app, host, port, llm.shutdown, log_level)
 
 
@@ -84,4 +88,5 @@ def main(argv: list[str] | None = None) -> None:
     options = {k: v for k, v in config.__dict__.items() if k != "model"}
     run_server(config.model, host=args.host, port=args.port, credentials=credentials, limiter=limiter,
                served_model_name=args.served_model_name, log_format=args.log_format,
-               log_text=args.log_message_text, max_request_bytes=args.max_request_bytes, **options)
+               log_text=args.log_message_text, max_request_bytes=args.max_request_bytes,
+               private_metrics=args.private_metrics, **options)

@@ -4,7 +4,7 @@ request to whatever EngineClient the app was built with (in-process or remote)."
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -35,18 +35,22 @@ class Settings:
     limiter: UserLimiter
     served_model_name: str | None = None
     log_text: bool = False  # log prompts and completions (off: never logged)
+    private_metrics: bool = False  # /metrics needs a key (once there are any), like /v1
+    health_checks: dict = field(default_factory=dict)  # part -> () -> None if it serves, else why not
 
 
 def create_app(client: EngineClient, *, credentials: Credentials | None = None, limiter: UserLimiter | None = None,
                served_model_name: str | None = None, log_text: bool = False,
-               max_request_bytes: int = MAX_REQUEST_BYTES) -> FastAPI:
-    """credentials: API keys (and logins); once there are any, every API call needs a key.
+               max_request_bytes: int = MAX_REQUEST_BYTES, private_metrics: bool = False) -> FastAPI:
+    """credentials: API keys (and logins); once there are any, every API call needs a key (and
+    /metrics too with `private_metrics`).
     limiter: the per-user cap, shared with the chat page when both run in one process."""
     app = FastAPI(title="pagedchat", docs_url=None, redoc_url=None)
     app.add_middleware(BodySizeLimitMiddleware, limit=max_request_bytes)
     app.add_middleware(RequestIdMiddleware)
     app.state.client = client
-    app.state.settings = Settings(credentials or Credentials(), limiter or UserLimiter(0), served_model_name, log_text)
+    app.state.settings = Settings(credentials or Credentials(), limiter or UserLimiter(0), served_model_name, log_text,
+                                  private_metrics)
     app.include_router(router)
     install_error_handlers(app)
     return app
@@ -110,14 +114,19 @@ guarded = [Depends(check_key)]
 
 @router.get("/health")
 async def health(request: Request):
+    """200 "ok" when the engine serves; 200 "degraded" when it does but another part (the chat's
+    database) does not, with why; 503 while the engine loads or after it died."""
     client = engine_client(request)
-    if client.ready:
-        return {"status": "ok"}
-    return JSONResponse({"status": client.state, "error": client.error}, status_code=503)
+    problems = {part: why for part, check in request.app.state.settings.health_checks.items() if (why := check())}
+    if not client.ready:
+        return JSONResponse({"status": client.state, "error": client.error, **problems}, status_code=503)
+    return {"status": "degraded", **problems} if problems else {"status": "ok"}
 
 
 @router.get("/metrics")
 async def metrics(request: Request):
+    if request.app.state.settings.private_metrics:
+        await check_key(request)
     return Response(engine_client(request).metrics_text(), media_type=PROMETHEUS)
 
 

@@ -1,3 +1,3 @@
-from storage.store import Store, StoreError
+from storage.store import Store, StoreError, StoreUnavailable
 
-__all__ = ["Store", "StoreError"]
+__all__ = ["Store", "StoreError", "StoreUnavailable"]

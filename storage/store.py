@@ -12,6 +12,7 @@ import secrets
 import sqlite3
 import time
 import uuid
+from urllib.request import pathname2url
 
 import sqlite_utils
 
@@ -26,6 +27,15 @@ class StoreError(RuntimeError):
     """The database cannot be opened or written."""
 
 
+class StoreUnavailable(StoreError):
+    """The database is there but cannot serve now: locked by another process past the busy timeout,
+    read-only, full, or its file deleted or replaced while running. Worth trying again later (or,
+    for a deleted file, after a restart); nothing was written."""
+
+
+BUSY_TIMEOUT_S = 10  # how long an operation waits for another process's lock before StoreUnavailable
+
+
 class Store:
     def __init__(self, path: str) -> None:
         self.path = path
@@ -36,6 +46,9 @@ class Store:
             os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
         except OSError as e:
             raise StoreError(f"cannot open database {path}: {e}") from None
+        self.problem: str | None = None  # why the last operation failed, until one succeeds (for /health)
+        self._identity = self._file_identity()
+        self._uri = f"file:{pathname2url(os.path.abspath(path))}?mode=rw"  # never creates a file
         try:
             with self._db() as db:
                 db.conn.execute("PRAGMA journal_mode=WAL")
@@ -43,15 +56,39 @@ class Store:
         except sqlite3.Error as e:
             raise StoreError(f"cannot open database {path}: {e}") from None
 
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino
+
     @contextlib.contextmanager
     def _db(self):
-        conn = sqlite3.connect(self.path, timeout=30)
+        """One connection for one operation. The file must be the one opened at start: a deleted
+        or replaced file is refused (SQLite would silently make a new, empty one)."""
+        if self._file_identity() != self._identity:
+            self.problem = (f"the database file {self.path} was deleted or replaced while the server ran; "
+                            f"chats are not saved until it is restored and the server restarted")
+            raise StoreUnavailable(self.problem)
         try:
-            conn.execute("PRAGMA foreign_keys=ON")
-            yield sqlite_utils.Database(conn)
-            conn.commit()
-        finally:
-            conn.close()
+            conn = sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_S)
+            try:
+                conn.execute("PRAGMA foreign_keys=ON")
+                yield sqlite_utils.Database(conn)
+                conn.commit()
+            finally:
+                conn.close()
+        except sqlite3.OperationalError as e:
+            self.problem = f"the database cannot be used right now ({e})"
+            raise StoreUnavailable(self.problem) from None
+        self.problem = None
+
+    def health(self) -> str | None:
+        """None while the database serves; else why it does not (the last failure, or a deleted file)."""
+        if self._file_identity() != self._identity:
+            return f"the database file {self.path} was deleted or replaced while the server ran"
+        return self.problem
 
     # ---- settings -----------------------------------------------------------------------
     def secret(self) -> str:

@@ -78,6 +78,30 @@ def test_credentials_name_keys_logins_and_operators():
         Credentials(keys=KEYS, operators=frozenset({"mallory"}))
 
 
+def test_keys_and_cookie_signatures_are_compared_in_constant_time(monkeypatch):
+    """Every comparison of a secret goes through hmac.compare_digest (its time does not depend on
+    where the first wrong byte is), for API keys, logins by key, and visitor cookies."""
+    import hmac
+
+    import server.auth
+
+    compared, original = [], hmac.compare_digest
+
+    def recording(a, b):
+        compared.append((a, b))
+        return original(a, b)
+
+    monkeypatch.setattr(server.auth.hmac, "compare_digest", recording)
+    credentials = Credentials(keys=KEYS)
+    assert credentials.key_name("Bearer sk-alice-0002") is None
+    assert {a for a, _ in compared} == {k.encode() for k in KEYS}  # each known key, compared whole
+    compared.clear()
+    assert not credentials.check_login("alice", "sk-alice-0002") and compared
+    compared.clear()
+    cookie = VisitorCookie("server-secret")
+    assert cookie.visitor("someone." + "0" * 64) is None and len(compared) == 1
+
+
 def test_the_visitor_cookie_is_issued_httponly_and_only_our_signature_counts():
     cookie = VisitorCookie("server-secret")
     value = cookie.issue()
@@ -105,6 +129,15 @@ def test_with_any_credential_every_api_call_needs_a_key(fake):
     http = TestClient(create_app(fake, credentials=Credentials(users={"carol": hash_password("carol-pass")})))
     r = http.post("/v1/chat/completions", json={"messages": HELLO})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("private", [False, True])
+def test_metrics_need_a_key_only_with_private_metrics(fake, private):
+    http = TestClient(create_app(fake, credentials=Credentials(keys=KEYS), private_metrics=private))
+    anonymous = http.get("/metrics")
+    assert anonymous.status_code == (401 if private else 200)
+    keyed = http.get("/metrics", headers={"Authorization": "Bearer sk-ops-000002"})
+    assert keyed.status_code == 200 and keyed.text.startswith("# fake")
 
 
 def test_the_per_user_cap_answers_429_with_retry_after_and_spares_others(fake):

@@ -190,6 +190,39 @@ def test_feedback_is_stored_beside_the_reply_and_listed_for_operators(chat, fake
     assert "It did not answer" in open(operator.feedback_csv(tab("olga"))).read()
 
 
+@pytest.mark.parametrize("comment", ["=HYPERLINK(\"http://evil.example\",\"Click\")", "+cmd|' /C calc'!A0",
+                                     "@SUM(1+1)*cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0", "\t=1+1"])
+def test_a_customer_comment_never_becomes_a_formula_in_the_operators_csv(chat, comment):
+    import csv
+
+    uid, sid = chat.current(None, None, tab("mallory"))
+    asyncio.run(drain(chat.send(uid, sid, "=1+1 is my question", 0.0, 1.0, 64, request=tab("mallory"))))
+    rated_id, _ = chat.rate(uid, sid, gr.LikeData(None, {"index": 1, "value": "", "liked": False}), tab("mallory"))
+    chat.comment(uid, sid, rated_id, comment, tab("mallory"))
+    operator = OperatorHandlers(chat.client, chat.store, {"m": None}, None, {"olga"})
+    with open(operator.feedback_csv(tab("olga")), encoding="utf-8-sig", newline="") as f:
+        row = next(csv.DictReader(f))
+    assert row["comment"] == "'" + comment.strip()  # shown as typed, after a quote that keeps it text
+    assert row["title"] == "'=1+1 is my question"
+    assert not any(cell.startswith(("=", "+", "-", "@", "\t")) for cell in row.values())
+
+
+def test_a_customers_own_markup_shows_as_typed_never_as_form_fields(chat):
+    from ui.display import customer_display, display, plain_text
+
+    typed = 'Hi <input type="text" value="card number"><details open><summary>x</summary></details><form>'
+    uid, sid = chat.current(None, None, tab("mallory"))
+    updates = asyncio.run(drain(chat.send(uid, sid, typed, 0.0, 1.0, 64, request=tab("mallory"))))
+    staged = chat.stage(typed, [])[1][0]["content"]
+    messages = chat.store.messages(uid, sid)
+    for shown in (updates[-1][0][0]["content"], display(messages)[0]["content"],
+                  customer_display(messages)[0]["content"], staged):
+        assert "<input" not in shown and "<details" not in shown and "<form" not in shown
+        assert "&lt;input" in shown
+    assert messages[0]["content"] == typed  # stored as typed
+    assert plain_text(display(messages)[0]["content"]) == typed  # an edit starts from the text as typed
+
+
 def test_an_exported_chat_imports_back_identical(chat):
     uid, sid = chat.current(None, None, tab("alice"))
     for text in ("Hello", "Can I get a refund?"):

@@ -17,7 +17,7 @@ from engine.sampling_params import SamplingParams, StructuredOutputsParams
 from server.limits import UserLimiter
 from engine.tool_calls import ToolCallParser
 from engine.tools import NO_CALL_GRAMMAR, ToolPlan
-from storage import StoreError
+from storage import StoreError, StoreUnavailable
 from ui import actions
 from ui.conversation import build_prompt, call_message, chat_messages, extend, template_text
 from ui.display import TYPING, display, in_flight
@@ -41,6 +41,21 @@ def with_grammar(params: SamplingParams, grammar: str) -> SamplingParams:
     stepped = copy.copy(params)
     stepped.structured_outputs = StructuredOutputsParams(grammar=grammar)
     return stepped
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A turn's prompt and what it was built from (ChatService._prepare)."""
+    prompt_ids: list[int]
+    shown: list[dict]  # the chat's messages, the new one included
+    last_text: str  # the customer's message the reply answers
+    window: list[dict]  # the history the prompt holds
+    stored: int | None  # the new message's id (None when regenerating)
+    tools: list
+    plan: ToolPlan | None
+    system: str  # the system prompt with the knowledge chunks
+    encode: object  # the grounding's encoder, or None
+    grounding: object
 
 
 @dataclasses.dataclass
@@ -100,10 +115,10 @@ class ChatService:
                     del self.busy[session_id]
                 flight.ended.set()
 
-    async def _turn(self, user, session_id, text, params, tab, regenerate):
-        info = self.client.info
-        if info is None:
-            raise EngineDeadError(self.client.error or "the model is still loading")
+    def _prepare(self, info, user, session_id, text, params, regenerate) -> Prepared:
+        """Everything before the engine, in a worker thread (the database and the tokenizer stay off
+        the event loop): the chat, its history, tools and knowledge, the prompt; a new message is
+        stored. Refusals raise ValueError, a database that cannot serve StoreUnavailable."""
         session = self.store.session(user, session_id)
         if session is None:
             raise ValueError("this chat does not exist or is not yours")
@@ -121,27 +136,36 @@ class ChatService:
         system = session["system_prompt"] + (grounding.text if grounding else "")
         encode = functools.partial(grounding.encode, info.tokenizer) if grounding else None
         if regenerate:
-            prompt_ids, shown, last_text = last_user["token_ids"], history, last_user["content"]
+            prompt_ids, last_text = last_user["token_ids"], last_user["content"]
             window = history[:-1][last_user.get("trimmed_turns") or 0:]
             same_model = not history[:-1] or history[-2].get("model") in (None, "", model)
             if not prompt_ids or not same_model:  # built for another model: render again
                 prompt_ids = build_prompt(info.tokenizer, system, history[:-1], last_user["content"], model,
                                           self._limit(info, params), plan, encode).token_ids
-        else:
-            prompt = build_prompt(info.tokenizer, system, history, text, model, self._limit(info, params), plan,
-                                  encode)
-            prompt_ids, last_text, window = prompt.token_ids, text, history[prompt.trimmed:]
-            if len(prompt_ids) >= info.max_model_len:
-                raise ValueError(f"this message makes the conversation {len(prompt_ids)} tokens long; the model "
-                                 f"takes {info.max_model_len}. Start a new chat or send a shorter message.")
-            stored = self.store.add_message(user, session_id, "user", text, prompt_ids, model=model,
-                                            trimmed_turns=prompt.trimmed)
-            if len(history) == 0 and session["title"] == "New chat":
-                self.store.update_session(user, session_id, title=text[:40])
-            shown = self.store.messages(user, session_id)
+            return Prepared(prompt_ids, history, last_text, window, None, tools, plan, system, encode, grounding)
+        prompt = build_prompt(info.tokenizer, system, history, text, model, self._limit(info, params), plan, encode)
+        if len(prompt.token_ids) >= info.max_model_len:
+            raise ValueError(f"this message makes the conversation {len(prompt.token_ids)} tokens long; the model "
+                             f"takes {info.max_model_len}. Start a new chat or send a shorter message.")
+        stored = self.store.add_message(user, session_id, "user", text, prompt.token_ids, model=model,
+                                        trimmed_turns=prompt.trimmed)
+        if len(history) == 0 and session["title"] == "New chat":
+            self.store.update_session(user, session_id, title=text[:40])
+        return Prepared(prompt.token_ids, self.store.messages(user, session_id), text, history[prompt.trimmed:],
+                        stored, tools, plan, system, encode, grounding)
+
+    async def _turn(self, user, session_id, text, params, tab, regenerate):
+        info = self.client.info
+        if info is None:
+            raise EngineDeadError(self.client.error or "the model is still loading")
+        p = await asyncio.to_thread(self._prepare, info, user, session_id, text, params, regenerate)
+        prompt_ids, shown, last_text, window, stored = p.prompt_ids, p.shown, p.last_text, p.window, p.stored
+        tools, plan, system, encode = p.tools, p.plan, p.system, p.encode
+        model = info.name
+        if not regenerate:
             yield self.render(shown) + [TYPING], False  # the message shows at once; the reply streams under it
         reply = ReplyWriter(self.store, user, session_id, prompt_ids, model)
-        reply.sources = grounding.sources() if grounding else []
+        reply.sources = p.grounding.sources() if p.grounding else []
         salt = f"user:{user}" if self.salt_by_user else None
         try:
             first = params
@@ -153,7 +177,7 @@ class ChatService:
                 async for out in stream:  # a reply without a call is stored as written, token for token
                     parser.feed(out.delta_text)
                     visible = parser.content if parser.in_call else out.outputs[0].text
-                    reply.save(out, "streaming", visible)
+                    await reply.save(out, "streaming", visible)
                     yield self.render(shown) + [in_flight(visible, [], parser.in_call)], False
             if parser.calls and reply.last.outputs[0].finish_reason == "stop":
                 call, tool = parser.calls[0], next(t for t in tools if t.name == parser.calls[0].name)
@@ -171,22 +195,24 @@ class ChatService:
                 answer = self._generate(prompt_2, with_grammar(params, NO_CALL_GRAMMAR), tab, session_id, salt)
                 async with contextlib.aclosing(answer) as stream:
                     async for out in stream:
-                        reply.save(out, "streaming")
+                        await reply.save(out, "streaming")
                         yield self.render(shown) + [in_flight(out.outputs[0].text, [record], False)], False
         except (ValueError, EngineDeadError, EngineOverloadedError) as e:
             if reply.last is None:
                 if not regenerate:  # refused at admission: the text stays in the box, unsent
-                    self.store.delete_messages_from(user, session_id, stored)
+                    await asyncio.to_thread(self.store.delete_messages_from, user, session_id, stored)
                 raise
-            reply.finish("interrupted")  # cut mid-reply (an engine went away): kept, marked, the chat goes on
+            await reply.finish("interrupted")  # cut mid-reply (an engine went away): kept, marked, the chat goes on
             raise ReplyCut(str(e)) from e
+        except StoreUnavailable as e:  # the message was stored: the turn counts as sent, the reply as cut
+            raise ReplyCut(f"{e}. What the assistant wrote so far may not be saved; try again in a moment.") from None
         except StoreError:
             raise ValueError("This chat was deleted while the reply was being written; the reply stopped.") from None
         except (asyncio.CancelledError, GeneratorExit):  # Stop, a closed tab, or the event closed
-            reply.finish("abort")
+            await reply.finish("abort")
             raise
-        reply.finish(reply.last.outputs[0].finish_reason if reply.last else None)
-        yield self.render(self.store.messages(user, session_id)), True
+        await reply.finish(reply.last.outputs[0].finish_reason if reply.last else None)
+        yield self.render(await asyncio.to_thread(self.store.messages, user, session_id)), True
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, tab: str, session_id: str, salt):
         """One engine request, aborted if the turn is left early; the tab can stop it meanwhile."""
@@ -260,10 +286,10 @@ class ReplyWriter:
         self._step_before = None
         self._saved_at = 0.0
 
-    def save(self, out, reason: str, content: str | None = None) -> None:
+    async def save(self, out, reason: str, content: str | None = None) -> None:
         self.last, self.content = out, content
         if self.message_id is None or time.monotonic() - self._saved_at >= self.SAVE_EVERY_S:
-            self._write(reason)
+            await asyncio.to_thread(self._write, reason)
 
     def next_step(self, prompt_ids: list[int], tool_calls: list[dict]) -> None:
         """After a call: the reply goes on from `prompt_ids` (the turn's prompt, the call, its result);
@@ -272,9 +298,9 @@ class ReplyWriter:
         self.prompt_ids, self.tool_calls, self.content = prompt_ids, tool_calls, ""
         self._step_before = self.last  # until this step's first token, the last output is the call's
 
-    def finish(self, reason: str | None) -> None:
+    async def finish(self, reason: str | None) -> None:
         if self.last is not None:
-            self._write(reason)
+            await asyncio.to_thread(self._write, reason)
 
     def _write(self, reason: str | None) -> None:
         out = self.last

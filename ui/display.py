@@ -74,9 +74,15 @@ def in_flight(text: str, calls: list[dict], running: bool) -> dict:
     return {"role": "assistant", "content": (text or "") + tool_lines(calls, running)}
 
 
+def text_of(m: dict) -> str:
+    """A message's text as the chat may render it: a customer's own words are text, never markup
+    (a typed <form>, <input> or <details> shows as typed); replies keep their Markdown."""
+    return html.escape(m["content"], quote=False) if m["role"] == "user" else m["content"]
+
+
 def display(messages: list[dict]) -> list[dict]:
     """Stored messages -> gr.Chatbot's list of {"role", "content"}, with their footers."""
-    return [{"role": m["role"], "content": m["content"] + tool_lines(m.get("tool_calls") or [])
+    return [{"role": m["role"], "content": text_of(m) + tool_lines(m.get("tool_calls") or [])
              + source_lines(m.get("sources") or []) + (reply_footer(m) if m["role"] == "assistant" else user_footer(m))} for m in messages]
 
 
@@ -86,7 +92,7 @@ def customer_display(messages: list[dict]) -> list[dict]:
     def footer(m: dict) -> str:
         person = author_name(m) if m["role"] == "assistant" else None
         return f"\n\n<sub>{stamp(m)}{f' · 👤 {person}' if person else ''}</sub>"
-    return [{"role": m["role"], "content": m["content"] + tool_lines(m.get("tool_calls") or [])
+    return [{"role": m["role"], "content": text_of(m) + tool_lines(m.get("tool_calls") or [])
              + source_lines(m.get("sources") or []) + footer(m)} for m in messages]
 
 
@@ -94,10 +100,11 @@ FOOTER = re.compile(r"\n\n<sub>.*</sub>\s*$", re.S)
 
 
 def plain_text(content) -> str:
-    """A chatbot value (a string, or content parts from the browser) without our footer."""
+    """A chatbot value (a string, or content parts from the browser) without our footer, as the
+    customer typed it (text_of's escaping undone)."""
     if isinstance(content, list):
         content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return FOOTER.sub("", str(content or ""))
+    return html.unescape(FOOTER.sub("", str(content or "")))
 
 
 def feedback_values(messages: list[dict]) -> list[str | None]:

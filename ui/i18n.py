@@ -47,6 +47,8 @@ SAID = {
         "deleted": "Deleted {n} chat(s).", "thanks": "Thanks for the feedback.",
         "imported": "Imported \"{title}\" as a new chat.", "import_failed": "Could not import that file: {why}",
         "new_chat": "New chat", "set_by_shop": "The assistant's instructions are set by the shop's operators.",
+        "storage_busy": "Your message could not be saved just now, so it was not sent: it is back in the box. "
+                        "Please try again in a moment.",
         "loading": "The assistant is starting (loading the model). You can type now: your message is answered "
                    "as soon as it is ready.",
     },
@@ -60,6 +62,8 @@ SAID = {
         "deleted": "대화 {n}개를 삭제했습니다.", "thanks": "의견 감사합니다.",
         "imported": "\"{title}\" 대화를 새 대화로 가져왔습니다.", "import_failed": "파일을 가져올 수 없습니다: {why}",
         "new_chat": "새 대화", "set_by_shop": "어시스턴트의 지침은 매장 운영자가 정합니다.",
+        "storage_busy": "지금은 메시지를 저장할 수 없어 보내지 못했습니다. 입력창에 그대로 있으니 잠시 후 다시 "
+                        "시도해 주세요.",
         "loading": "어시스턴트를 시작하는 중입니다 (모델 불러오는 중). 지금 입력하셔도 됩니다. 준비되는 대로 답변해 "
                    "드립니다.",
     },

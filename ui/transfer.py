@@ -104,14 +104,24 @@ def feedback_csv(rows: list[dict]) -> str:
                      [{**row, "conversation": json.dumps(row["conversation"], ensure_ascii=False)} for row in rows])
 
 
+FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a cell as a formula
+
+
+def spreadsheet_safe(value):
+    """A text cell a spreadsheet shows as text, never runs (OWASP's CSV injection advice: a quote
+    before a formula's first character); numbers stay numbers."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_LEADS) else value
+
+
 def write_csv(name: str, fields: list[str], rows: list[dict]) -> str:
     """A CSV download in UTF-8 with a byte-order mark, so a spreadsheet opens Hangul (and any
-    non-ASCII text) correctly."""
+    non-ASCII text) correctly. Customers write some of its cells (comments, messages): none can
+    become a formula."""
     path = write_file(name, "")
     with open(path, "w", newline="", encoding="utf-8-sig") as f:
         writer = csv.DictWriter(f, fields)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in rows)
     return path
 
 

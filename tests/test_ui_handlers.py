@@ -308,7 +308,7 @@ def test_sliders_take_the_models_sampling_defaults(smol_tokenizer, tmp_path):
 
 
 def test_a_reply_is_stored_as_it_grows_and_a_crash_leaves_it_interrupted(chat, fake, monkeypatch):
-    from ui.chat import ReplyWriter
+    from ui.reply import ReplyWriter
 
     monkeypatch.setattr(ReplyWriter, "SAVE_EVERY_S", 0.0)  # write at every token
     uid, sid = chat.current(None, None, tab("alice"))
@@ -353,7 +353,7 @@ def test_a_second_tab_cannot_interleave_turns_on_one_chat(chat, fake, monkeypatc
 
 
 def test_deleting_a_chat_while_it_streams_stops_the_reply_cleanly(chat, fake, monkeypatch):
-    from ui.chat import ReplyWriter
+    from ui.reply import ReplyWriter
 
     monkeypatch.setattr(ReplyWriter, "SAVE_EVERY_S", 0.0)
     warnings = []

@@ -1,0 +1,173 @@
+"""The chat turn's events, for ChatHandlers (ui/handlers.py): stage a message, send it, stop,
+regenerate, edit and resend, a closed tab. The database is used from worker threads: a locked or
+missing one refuses a turn with the text back in the box, never stalls the event loop that serves
+everyone else."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import gradio as gr
+
+from engine.client import EngineDeadError, EngineOverloadedError
+from server.limits import TooManyRequestsError
+from storage import StoreError, StoreUnavailable
+from ui import assistants
+from ui.assistants import CHAT_REPETITION_PENALTY
+from ui.chat import ReplyCut
+from ui.display import TYPING, plain_text, text_of
+from ui.i18n import say, wants_person
+
+REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError, StoreError)  # warnings
+MODEL_WAIT_S = 600  # how long a message sent while the model loads waits for it
+log = logging.getLogger("pagedchat.ui")
+
+
+class TurnHandlers:
+    """Mixed into ChatHandlers, whose attributes it uses: client, store, service (ui/chat.ChatService),
+    handoff, display, demo, and current() (the user and their chat)."""
+
+    def _params(self, uid: str, sid: str, sliders: tuple):
+        """The demo page: the sliders' values over the model's own defaults. The customer chat: the
+        sampling of the assistant version the chat started with. Refused while no model is loaded."""
+        info = self.client.info
+        if info is None:
+            raise EngineDeadError(self.client.error or "the model is still loading")
+        if not self.demo:
+            session = self.store.session(uid, sid)
+            a = self.store.assistant(session["assistant"], session["assistant_version"])
+            return assistants.sampling_for(info, a)
+        temperature, top_p, max_new, penalty = sliders
+        return info.default_sampling(temperature=temperature, top_p=top_p, max_tokens=int(max_new),
+                                     repetition_penalty=CHAT_REPETITION_PENALTY if penalty is None else penalty)
+
+    @staticmethod
+    def stage(text, history):
+        """Browser only, unqueued: the message shows at once and the box clears; `send` follows."""
+        text = (text or "").strip()
+        if not text:
+            return gr.update(), gr.update(), ""
+        return "", list(history or []) + [{"role": "user", "content": text_of({"role": "user", "content": text})},
+                                          TYPING], text
+
+    async def send(self, uid, sid, text, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
+        """A turn. The sliders (temp .. penalty) are the demo page's inputs; the customer chat has none.
+        In the customer chat, a message asking for a person, or sent while the chat waits for one or
+        is with one, is stored for the person and the model does not answer. The database is used
+        from worker threads: a locked or missing one refuses this turn (the text back in the box),
+        never the event loop that serves everyone else."""
+        raw, text = text, (text or "").strip()
+        if not text:
+            yield gr.update(), gr.update()
+            return
+        try:
+            uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+            if not self.demo and await asyncio.to_thread(self._for_person, uid, sid, text):
+                yield await self._shown(uid, sid), ""
+                return
+            if self.client.state == "loading":  # a fresh start: the message waits for the model, on screen
+                history = await asyncio.to_thread(self.store.messages, uid, sid)
+                yield self.display(history) + [{"role": "user", "content": text_of({"role": "user", "content": text})},
+                                               {"role": "assistant", "content": f"*{say(request, 'loading')}*"}], ""
+                await asyncio.to_thread(self.client.wait_ready, MODEL_WAIT_S)
+            params = await asyncio.to_thread(self._params, uid, sid, (temp, p, max_new, penalty))
+            turn = self.service.turn(uid, sid, text, params, request.session_hash)
+            async with contextlib.aclosing(turn):
+                async for messages, _ in turn:
+                    yield messages, ""
+        except REFUSALS as e:
+            self._warn(e, request)
+            sent = isinstance(e, ReplyCut)  # else unsent: the message goes back into the box, as typed
+            yield await self._shown(uid, sid), "" if sent else raw
+
+    def _for_person(self, uid: str, sid: str, text: str) -> bool:
+        """The customer chat: a message asking for a person, or sent while one is involved, is stored
+        for them and the chat waits (True); else the assistant answers (False)."""
+        if self.handoff.state(sid)["state"] == "assistant" and not wants_person(text):
+            return False
+        self.store.add_message(uid, sid, "user", text, [])
+        self.handoff.ask(sid)
+        return True
+
+    async def _shown(self, uid: str | None, sid: str | None):
+        """The chat as stored, for the chatbot; where the database cannot say, the screen stays as it is."""
+        if not uid or not sid:
+            return gr.update()
+        try:
+            return self.display(await asyncio.to_thread(self.store.messages, uid, sid))
+        except StoreError:
+            return gr.update()
+
+    @staticmethod
+    def _warn(e: Exception, request: gr.Request) -> None:
+        """A refused or cut turn, said to the person in their language where it is the database's."""
+        if isinstance(e, StoreUnavailable):
+            log.warning("chat storage: %s", e)
+            gr.Warning(say(request, "storage_busy"))
+        else:
+            gr.Warning(str(e))
+
+    async def stop(self, uid, sid, request: gr.Request):
+        """Stop: the reply ends now (its engine request aborted); the chat as stored, the reply
+        marked stopped and holding what was on screen."""
+        uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+        await self.service.stop(request.session_hash, sid)
+        return await self._shown(uid, sid)
+
+    async def regenerate(self, uid, sid, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
+        try:
+            uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+            if not await asyncio.to_thread(self._clear_last_reply, uid, sid):
+                gr.Warning(say(request, "person_busy"))
+                yield await self._shown(uid, sid)
+                return
+            params = await asyncio.to_thread(self._params, uid, sid, (temp, p, max_new, penalty))
+            turn = self.service.turn(uid, sid, "", params, request.session_hash, regenerate=True)
+            async with contextlib.aclosing(turn):
+                async for messages, _ in turn:
+                    yield messages
+        except REFUSALS as e:
+            self._warn(e, request)
+            yield await self._shown(uid, sid)
+
+    def _clear_last_reply(self, uid: str, sid: str) -> bool:
+        """Before regenerating: the last reply goes. False (nothing changed) while a person has the chat."""
+        if self.handoff.state(sid)["state"] != "assistant":
+            return False
+        history = self.store.messages(uid, sid)
+        if history and history[-1]["role"] == "assistant":
+            self.store.delete_messages_from(uid, sid, history[-1]["id"])
+        return True
+
+    async def edit_from_here(self, uid, sid, temp=None, p=None, max_new=None, penalty=None,
+                             data: gr.EditData = None, request: gr.Request = None):
+        """Edit and resend: the edited message and everything after it leave the chat (kept in the
+        database as a branch); the edited text is sent as a new turn on the untouched history."""
+        index = data.index if isinstance(data.index, int) else data.index[0]
+        try:
+            uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+            refused = await asyncio.to_thread(self._branch_at, uid, sid, index)
+        except StoreError as e:
+            self._warn(e, request)
+            yield await self._shown(uid, sid), gr.update()
+            return
+        if refused:
+            gr.Warning(say(request, refused))
+            yield await self._shown(uid, sid), gr.update()
+            return
+        async for update in self.send(uid, sid, plain_text(data.value), temp, p, max_new, penalty, request):
+            yield update
+
+    def _branch_at(self, uid: str, sid: str, index: int) -> str | None:
+        """The chat branches before its message `index` (the customer's own); else why not (a `say` key)."""
+        messages = self.store.messages(uid, sid)
+        if self.handoff.state(sid)["state"] != "assistant":
+            return "no_edit_with_person"
+        if not 0 <= index < len(messages) or messages[index]["role"] != "user":
+            return "own_messages"
+        self.store.branch_from(uid, sid, messages[index]["id"])
+        return None
+
+    async def tab_closed(self, request: gr.Request) -> None:
+        await self.service.close_tab(request.session_hash)

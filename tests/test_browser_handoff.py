@@ -109,6 +109,8 @@ def test_the_korean_page_works_end_to_end_and_switches_to_english(shop, chromium
     expect(page.locator("#chatbot [data-testid='user']").last).to_contain_text("텐트가 찢어져서 왔어요")
     page.locator("#talk-to-person").click()
     expect(page.locator("#person-status")).to_contain_text("대기 순서")
+    assert page.locator("#skip-to-message").text_content() == "메시지 입력으로 건너뛰기"  # the skip link in Korean
+    assert axe_violations(page) == []
     if SCREENSHOT_DIR:
         page.screenshot(path=os.path.join(SCREENSHOT_DIR, "customer-korean.png"))
     page.locator("#language").click()  # the switch: English, remembered

@@ -106,6 +106,42 @@ def test_stop_or_a_closed_tab_ends_a_turn_that_no_task_is_reading_and_frees_the_
     assert [m["finish_reason"] for m in chat.store.messages(uid, sid)] == [None, "abort", None, "stop"]
 
 
+def test_an_event_resumed_while_stop_closes_its_turn_ends_quietly(chat, fake, monkeypatch):
+    """Stop closes a parked turn; its last write takes a while (a worker thread). If the event's task
+    resumes meanwhile, it must end quietly, not fail with "generator already running"."""
+    import threading
+    import time
+
+    from ui.reply import ReplyWriter
+
+    uid, sid = chat.current(None, None, tab("finn"))
+    write, writing = ReplyWriter._write, threading.Event()
+
+    def slow_write(self, reason):
+        if reason == "abort":
+            writing.set()
+            time.sleep(0.3)
+        write(self, reason)
+
+    monkeypatch.setattr(ReplyWriter, "_write", slow_write)
+
+    async def scenario():
+        fake.gate = asyncio.Event()
+        turn = chat.send(uid, sid, "Tell me a story", 0.0, 1.0, 64, request=tab("finn"))
+        fake.gate.set()
+        for _ in range(3):
+            await turn.__anext__()
+        fake.gate.clear()  # parked after an update
+        stopping = asyncio.ensure_future(chat.stop(uid, sid, tab("finn")))
+        await asyncio.to_thread(writing.wait, 10)  # stop is closing the turn, in its last write
+        rest = [u async for u in turn]  # the event resumes now
+        await stopping
+        return rest
+
+    assert asyncio.run(scenario()) == []  # ended quietly
+    assert chat.store.messages(uid, sid)[-1]["finish_reason"] == "abort"
+
+
 def test_a_message_sent_while_the_model_loads_shows_a_loading_line_and_is_answered_when_ready(chat, fake):
     uid, sid = chat.current(None, None, tab("dana"))
     fake.start_loading()

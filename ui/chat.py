@@ -60,10 +60,11 @@ class Prepared:
 
 @dataclasses.dataclass
 class InFlight:
-    """A chat's turn in flight: the tab it streams to, its generator (stop closes it) and an event
-    set when it has ended."""
+    """A chat's turn in flight: the tab it streams to, its generator (stop closes it, saying so in
+    `closing`) and an event set when it has ended."""
     tab: str
     steps: AsyncGenerator | None = None
+    closing: bool = False  # stop is closing the turn's generator
     ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
@@ -97,7 +98,25 @@ class ChatService:
         and at most the per-user cap of turns at once across the user's chats (TooManyRequestsError)."""
         flight = InFlight(tab)
         flight.steps = self._guarded(flight, user, session_id, text, params, tab, regenerate)
-        return flight.steps
+        return self._follow(flight)
+
+    @staticmethod
+    async def _follow(flight: InFlight):
+        """What the event iterates: the turn's updates, until they end or stop closes the turn. The
+        event never touches a turn stop is closing (its generator is busy then): it waits for the
+        end and stops quietly."""
+        try:
+            while not flight.closing:
+                try:
+                    update = await anext(flight.steps)
+                except StopAsyncIteration:
+                    return
+                yield update
+        finally:
+            if flight.closing:
+                await flight.ended.wait()
+            else:
+                await flight.steps.aclose()
 
     async def _guarded(self, flight: InFlight, user, session_id, text, params, tab, regenerate):
         """The turn, registered as the chat's one turn in flight and holding a slot of the user's cap
@@ -257,6 +276,7 @@ class ChatService:
         deadline = loop.time() + wait_s
         while not flight.ended.is_set() and loop.time() < deadline:
             if not flight.steps.ag_running:
+                flight.closing = True
                 await flight.steps.aclose()
                 return
             with contextlib.suppress(TimeoutError):

@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("serving the chat at http://%s:%d/ and the API at /v1 (the model loads in the background)",
              args.host, args.port)
-    serve(app, args.host, args.port, client.shutdown)
+    serve(app, args.host, args.port, client.shutdown, drain=getattr(client, "drain", None),
+          drain_s=args.drain_seconds)
     return 0
 
 

@@ -43,7 +43,7 @@ class AsyncLLM:
         self._engine: LLMEngine | None = None
         self._info: ModelInfo | None = None
         self.metrics: EngineMetrics | None = None
-        self.state = "loading"  # loading | ready | dead
+        self.state = "loading"  # loading | ready | draining | dead
         self.error: str | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -124,6 +124,15 @@ class AsyncLLM:
                 if engine is not None:
                     engine.abort_request(request_id)
         self._submit(do)
+
+    def drain(self, grace_s: float) -> None:
+        """Shutting down: from now on new requests are refused (EngineDeadError, "the server is
+        shutting down"; /health 503, so a load balancer sends no more); those in flight may finish
+        for `grace_s` seconds, then are aborted, so every stream ends with a finish reason."""
+        self.state, self.error = "draining", "the server is shutting down"
+        timer = threading.Timer(grace_s, lambda: [self.abort(rid) for rid in list(self._streams)])
+        timer.daemon = True
+        timer.start()
 
     def snapshot(self) -> dict | None:
         if not self.ready:

@@ -33,6 +33,9 @@ def add_server_args(parser: argparse.ArgumentParser, port: int) -> None:
     parser.add_argument("--served-model-name", default=None)
     parser.add_argument("--max-request-bytes", type=int, default=MAX_REQUEST_BYTES,
                         help="API request bodies over this get 413 before they are parsed")
+    parser.add_argument("--drain-seconds", type=float, default=DRAIN_S, metavar="S",
+                        help="on SIGTERM: refuse new requests, let those in flight go on for S seconds, then end "
+                             "them (finish_reason \"abort\"; chat replies stored as interrupted), exit 0")
     parser.add_argument("--private-metrics", action="store_true",
                         help="/metrics needs an API key like /v1 (Prometheus: bearer_token). Off: open, for a scraper "
                              "inside the cluster; keep it off a public ingress")
@@ -48,12 +51,30 @@ def limiter_from_args(args: argparse.Namespace, credentials: Credentials) -> Use
     return UserLimiter(args.max_concurrent_per_user, exempt=credentials.operators)
 
 
-def serve(app, host: str, port: int, on_exit, log_level: str = "warning") -> None:
-    """uvicorn with a 30 s drain on shutdown; on_exit() runs however it ends."""
+DRAIN_S = 20  # on SIGTERM, how long replies in flight may go on (k8s waits 30 s before SIGKILL)
+
+
+def serve(app, host: str, port: int, on_exit, log_level: str = "warning", drain=None,
+          drain_s: float = DRAIN_S) -> None:
+    """uvicorn; on SIGTERM first `drain(drain_s)` (stop admitting, end what is in flight within the
+    grace time), then uvicorn's own drain of connections; exit 0 once drained. on_exit() runs
+    however it ends."""
+    import signal
+
     import uvicorn
 
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if sig == signal.SIGTERM and drain is not None and not self.should_exit:
+                drain(drain_s)
+            super().handle_exit(sig, frame)
+
+    # uvicorn raises a SIGTERM it caught again once it has shut down, under the handler found at its
+    # start: with this one the process then ends normally (0), its replies drained, not killed (-15).
+    signal.signal(signal.SIGTERM, lambda sig, frame: None)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_s + 5)
     try:
-        uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=30)
+        DrainingServer(config).run()
     finally:
         on_exit()
 
@@ -62,7 +83,7 @@ def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int =
                credentials: Credentials | None = None, limiter: UserLimiter | None = None,
                served_model_name: str | None = None, log_level: str = "info", log_format: str = "text",
                log_text: bool = False, max_request_bytes: int = MAX_REQUEST_BYTES, private_metrics: bool = False,
-               **engine_options) -> None:
+               drain_s: float = DRAIN_S, **engine_options) -> None:
     """Load the model in the background and serve; /health says 503 until it is ready."""
     from engine.async_llm import AsyncLLM
     from server.routes import create_app
@@ -71,7 +92,7 @@ def run_server(model: str | None = None, *, host: str = "127.0.0.1", port: int =
     llm = AsyncLLM(EngineConfig(model=model, **engine_options))
     app = create_app(llm, credentials=credentials, limiter=limiter, served_model_name=served_model_name,
                      log_text=log_text, max_request_bytes=max_request_bytes, private_metrics=private_metrics)
-    serve(app, host, port, llm.shutdown, log_level)
+    serve(app, host, port, llm.shutdown, log_level, drain=llm.drain, drain_s=drain_s)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,4 +110,4 @@ def main(argv: list[str] | None = None) -> None:
     run_server(config.model, host=args.host, port=args.port, credentials=credentials, limiter=limiter,
                served_model_name=args.served_model_name, log_format=args.log_format,
                log_text=args.log_message_text, max_request_bytes=args.max_request_bytes,
-               private_metrics=args.private_metrics, **options)
+               private_metrics=args.private_metrics, drain_s=args.drain_seconds, **options)

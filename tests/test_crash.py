@@ -50,3 +50,50 @@ def test_kill_9_mid_reply_keeps_it_and_the_chat_goes_on(tiny_chat_model, tmp_pat
     finally:
         proc.kill()  # graceful shutdown is not under test here
         proc.wait(30)
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_api_stream_ends_with_a_reason_the_chat_reply_is_kept_and_the_exit_is_0(
+        tiny_chat_model, tmp_path):
+    """SIGTERM with a streamed API reply and a chat reply in flight (both far from done): new requests
+    are refused, both end within --drain-seconds (the stream with finish_reason "abort" and [DONE], the
+    chat reply stored as interrupted, not left "streaming"), and the process exits 0."""
+    import threading
+
+    import httpx
+
+    db = str(tmp_path / "chat.db")
+    proc, url = start_process(["app.py", "--demo", "--model", tiny_chat_model, "--dtype", "float32",
+                               "--num-kv-blocks", "512", "--db", db, "--drain-seconds", "2",
+                               "--auth-file", logins_file(str(tmp_path), alice="pw-a"), "--api-key-file",
+                               keys_file(tmp_path)])
+    lines: list[str] = []
+    try:
+        body = {"model": os.path.basename(tiny_chat_model), "prompt": "Once upon a time", "max_tokens": 3000,
+                "stream": True, "ignore_eos": True}
+
+        def read_stream():
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60,
+                              headers={"Authorization": "Bearer sk-test-00001"}) as r:
+                lines.extend(line for line in r.iter_lines() if line)
+        reader = threading.Thread(target=read_stream)
+        reader.start()
+        Client(url, auth=("alice", "pw-a"), verbose=False).submit(
+            "Tell me a long story about a parcel.", 0.0, 1.0, 1024, api_name="/send")
+        wait_for(lambda: rows(db, "select count(*) from messages where finish_reason = 'streaming'")[0][0] == 1
+                 and len(lines) > 5, 120, "both replies under way")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        reader.join(30)
+    finally:
+        proc.kill()
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2].removeprefix("data: "))["choices"][0]["finish_reason"] == "abort"
+    assert rows(db, "select finish_reason from messages where role = 'assistant'") == [("interrupted",)]
+
+
+def keys_file(folder) -> str:
+    path = os.path.join(str(folder), "keys.txt")
+    with open(path, "w") as f:
+        f.write("tester:sk-test-00001\n")
+    return path

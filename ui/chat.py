@@ -230,7 +230,10 @@ class ChatService:
         except (asyncio.CancelledError, GeneratorExit):  # Stop, a closed tab, or the event closed
             await reply.finish("abort")
             raise
-        await reply.finish(reply.last.outputs[0].finish_reason if reply.last else None)
+        reason = reply.last.outputs[0].finish_reason if reply.last else None
+        if reason == "abort" and self.client.state == "draining":
+            reason = "interrupted"  # ended by the server's shutdown, not by the customer
+        await reply.finish(reason)
         yield self.render(await asyncio.to_thread(self.store.messages, user, session_id)), True
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, tab: str, session_id: str, salt):

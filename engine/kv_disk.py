@@ -55,7 +55,7 @@ class DiskStats:
     read_bytes: int = 0
     written_bytes: int = 0
     corrupt_files: int = 0
-    dropped_writes: int = 0  # saves skipped because the writer was behind
+    dropped_writes: int = 0  # blocks not saved: the writer was behind, or the disk refused (full, read-only)
 
 
 class DiskStore:
@@ -234,9 +234,11 @@ class DiskStore:
                     f.write(part)
             os.replace(tmp, path)
             size = sum(memoryview(p).nbytes for p in parts)
-        except OSError as e:
+        except OSError as e:  # a full or read-only disk costs this block's copy, counted, nothing else
             log.warning("KV disk tier: could not write %s: %s", path, e)
             unlink(tmp)
+            with self._lock:
+                self.stats.dropped_writes += 1
         finally:
             with self._lock:
                 self._pending.discard(block_hash)

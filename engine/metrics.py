@@ -95,7 +95,7 @@ class EngineMetrics:
         self.disk_read = counter("pagedchat:kv_disk_read_bytes", "Bytes read back from the disk tier")
         self.disk_written = counter("pagedchat:kv_disk_written_bytes", "Bytes written to the disk tier")
         self.disk_corrupt = counter("pagedchat:kv_disk_corrupt_files", "Disk-tier files that failed their checks")
-        self.disk_dropped = counter("pagedchat:kv_disk_dropped_writes", "Blocks not saved: the writer was behind")
+        self.disk_dropped = counter("pagedchat:kv_disk_dropped_writes", "Blocks not saved: the writer was behind or the disk refused")
         self.healthy = gauge("pagedchat:engine_healthy", "1 when the engine loop is serving")
         self.load_failures = counter("pagedchat:model_load_failures", "Model loads that failed")
         for reason in FINISH_REASONS:

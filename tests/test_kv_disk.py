@@ -75,6 +75,54 @@ def test_a_damaged_file_is_a_miss_and_is_deleted(tmp_path, damage):
     store.close()
 
 
+def test_a_full_disk_costs_the_copies_counted_and_nothing_else(tmp_path, monkeypatch):
+    import errno
+
+    import engine.kv_disk
+
+    store = make_store(tmp_path)
+    store.save(1, tuple(range(16)), random_block(1))
+    store.flush()
+
+    class FullDisk:
+        def __init__(self, path, mode):
+            self.path = path
+            open(path, mode).close()  # the temporary file is made, then the write fails
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(engine.kv_disk, "open", FullDisk, raising=False)
+    for h in (2, 3):
+        store.save(h, tuple(range(h, h + 16)), random_block(h))
+    store.flush()
+    assert store.stats.dropped_writes == 2 and store.stats.blocks == 1  # counted; the old block kept
+    assert not store.contains(2) and not [f for f in os.listdir(store.folder) if f.endswith(".tmp")]
+    monkeypatch.undo()  # space again: the tier goes on
+    store.save(2, tuple(range(2, 18)), random_block(2))
+    store.flush()
+    assert store.contains(2) and store.stats.blocks == 2
+    store.close()
+
+
+@pytest.mark.parametrize("folder", ["/proc/pagedchat-kv", "a file"])
+def test_an_unusable_kv_disk_folder_stops_the_command_at_once_with_its_name(tmp_path, folder):
+    from app import parse_args
+    from engine.config import config_from_args
+
+    if folder == "a file":
+        folder = str(tmp_path / "not-a-folder")
+        open(folder, "w").close()
+    with pytest.raises(ValueError, match=f"--kv-disk {folder}: cannot create it"):
+        config_from_args(parse_args(["--kv-disk", folder]))
+
+
 def test_clear_forgets_written_and_queued_blocks(tmp_path):
     store = make_store(tmp_path)
     store.save(1, tuple(range(16)), random_block(1))

@@ -116,3 +116,13 @@ def test_health_says_degraded_while_the_database_cannot_serve(store, smol_tokeni
     answer = http.get("/health")
     assert answer.status_code == 200 and answer.json()["status"] == "degraded"
     assert "deleted or replaced" in answer.json()["storage"]
+
+
+def test_a_read_only_database_refuses_writes_clearly_and_reads_go_on(store):
+    """As a read-only mount or file would (root ignores a chmod here, so the file is opened read-only)."""
+    sid = store.create_session("login:ann")
+    store._uri = store._uri.replace("mode=rw", "mode=ro")
+    with pytest.raises(StoreUnavailable, match="readonly"):
+        store.add_message("login:ann", sid, "user", "Hello", [])
+    assert "readonly" in store.health()
+    assert store.messages("login:ann", sid) == []  # reads still serve

@@ -52,9 +52,10 @@ JS = """
     if (!all.includes(current)) current = all[all.length - 1] || null;
     all.forEach((b) => b.setAttribute('tabindex', b === current ? '0' : '-1'));
   };
+  let tries = 0;  // the chat renders after this script runs; pages without one (the console) give up
   const watch = () => {
     const chat = document.querySelector('#chatbot');
-    if (!chat) return setTimeout(watch, 200);
+    if (!chat) return ++tries < 100 && setTimeout(watch, 200);
     const tidy = () => {
       rove(chat);
       // Gradio marks the quick replies role="list" around plain buttons (axe: aria-required-children)

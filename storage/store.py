@@ -68,8 +68,7 @@ class Store:
         """One connection for one operation. The file must be the one opened at start: a deleted
         or replaced file is refused (SQLite would silently make a new, empty one)."""
         if self._file_identity() != self._identity:
-            self.problem = (f"the database file {self.path} was deleted or replaced while the server ran; "
-                            f"chats are not saved until it is restored and the server restarted")
+            self.problem = self._moved()
             raise StoreUnavailable(self.problem)
         try:
             conn = sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_S)
@@ -86,9 +85,11 @@ class Store:
 
     def health(self) -> str | None:
         """None while the database serves; else why it does not (the last failure, or a deleted file)."""
-        if self._file_identity() != self._identity:
-            return f"the database file {self.path} was deleted or replaced while the server ran"
-        return self.problem
+        return self._moved() if self._file_identity() != self._identity else self.problem
+
+    def _moved(self) -> str:
+        return (f"the database file {self.path} was deleted or replaced while the server ran; chats are not "
+                f"saved until it is restored and the server restarted")
 
     # ---- settings -----------------------------------------------------------------------
     def secret(self) -> str:

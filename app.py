@@ -94,7 +94,7 @@ def build_app(args: argparse.Namespace):
 
     from server.middleware import FrameAncestorsMiddleware, KnownAssistantsMiddleware, LanguageCookieMiddleware
     from server.routes import create_app
-    from ui import assistants
+    from ui import assistants, downloads
     from ui.console import build_console
     from ui.i18n import I18N, LANG_COOKIE, LANGUAGES
     from ui.customer import build_customer_ui
@@ -133,6 +133,7 @@ def build_app(args: argparse.Namespace):
     mount = dict(auth=login(credentials), footer_links=[], run_history=False, **page_assets())
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted)
     app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N, **mount)
+    downloads.add_route(app, store, credentials)  # before the console's mount, which would take the path
     console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials,
                             agents=frozenset(args.agent))
     app = gr.mount_gradio_app(app, console, path="/console", **mount)

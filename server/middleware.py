@@ -152,9 +152,12 @@ class KnownAssistantsMiddleware:
         parts = scope["path"].split("/", 3) if scope["type"] == "http" else []
         if len(parts) < 3 or parts[1] != "chat" or not parts[2] or self.known(parts[2]):
             return await self.app(scope, receive, send)
-        body = (f"<!doctype html><meta charset=utf-8><title>No such chat</title><p>There is no assistant at "
-                f"<code>/chat/{html.escape(parts[2])}</code>. <a href=\"/chat/{self.default}/\">Go to the chat</a>."
-                ).encode()
+        where, chat = f"<code>/chat/{html.escape(parts[2])}</code>", f"<a href=\"/chat/{self.default}/\">"
+        korean = dict(scope["headers"]).get(b"accept-language", b"").lower().startswith(b"ko")
+        body = (f"<!doctype html><meta charset=utf-8><title>상담 없음</title><p>{where}에는 상담 창구가 없습니다. "
+                f"{chat}상담으로 가기</a>." if korean else
+                f"<!doctype html><meta charset=utf-8><title>No such chat</title><p>There is no assistant at {where}. "
+                f"{chat}Go to the chat</a>.").encode()
         await send({"type": "http.response.start", "status": 404,
                     "headers": [(b"content-type", b"text/html; charset=utf-8"),
                                 (b"content-length", str(len(body)).encode())]})

@@ -64,14 +64,15 @@ def logins_file(folder, **passwords: str) -> str:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def start_process(argv: list[str]) -> tuple[subprocess.Popen, str]:
-    """`python ARGV --port P` from the repository root (app.py or -m server) on a free port, once its
-    /health says 200. The caller kills it."""
+def start_process(argv: list[str], port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """`python ARGV --port P` from the repository root (app.py or -m server) on a free port (or
+    `port`: a restart where the last one was), once its /health says 200. The caller kills it."""
     import httpx
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    if port is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, *argv, "--port", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -8,6 +8,7 @@ import pytest
 from storage import Store, analytics
 from storage.handoff import Handoff
 from tests.fakes import FakeEngineClient
+from ui import downloads
 from ui.console import AnalyticsHandlers
 from ui.operator import OperatorHandlers
 
@@ -45,7 +46,7 @@ def test_the_csv_opens_in_a_spreadsheet_and_only_operators_get_it(tmp_path, smol
     chat(store, "u1", "고객센터", 1, ttfts=[0.1])
     operator = OperatorHandlers(FakeEngineClient(smol_tokenizer), store, {"m": None}, None, {"olga"})
     numbers = AnalyticsHandlers(store, operator)
-    raw = open(numbers.csv(30, SimpleNamespace(username="olga")), "rb").read()
+    raw = downloads.body(store, "analytics.csv", 30).encode()  # the route sends it as UTF-8
     assert raw.startswith(b"\xef\xbb\xbf") and "고객센터".encode() in raw
     table, plot = numbers.table(30, SimpleNamespace(username="olga"))
     assert table[0][1] == "고객센터" and set(plot["series"]) == {"고객센터 chats", "고객센터 turns"}

@@ -206,3 +206,16 @@ def test_the_limiter_counts_per_user_and_refuses_a_negative_limit():
     assert limiter.in_flight("a") == 0
     with pytest.raises(ValueError):
         UserLimiter(-1)
+
+
+def test_the_operators_downloads_take_an_operators_key_too(fake, tmp_path):
+    from storage import Store
+    from ui import downloads
+
+    app = create_app(fake, credentials=Credentials(keys=KEYS, operators=frozenset({"ops"})))
+    downloads.add_route(app, Store(str(tmp_path / "chat.db")), Credentials(keys=KEYS, operators=frozenset({"ops"})))
+    http = TestClient(app)
+    assert http.get("/console/export/feedback.jsonl").status_code == 401
+    assert http.get("/console/export/feedback.jsonl", headers=bearer("sk-alice-0001")).status_code == 403
+    r = http.get("/console/export/analytics.csv", headers=bearer("sk-ops-000002"))
+    assert r.status_code == 200 and r.text.startswith("\ufeffday,assistant")

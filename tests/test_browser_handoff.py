@@ -165,3 +165,56 @@ def httpx_get(url: str):
     import httpx
 
     return httpx.get(url)
+
+
+@pytest.mark.slow
+def test_a_waiting_chat_is_still_waiting_after_kill_9_and_an_agent_answers_it(tiny_chat_model, tmp_path, chromium):
+    """The app as a real process: a customer asks for a person, the process is killed with SIGKILL and
+    started again on the same address; the customer's reloaded page still shows their place in line
+    (the model stays quiet), and an agent takes the chat from the inbox and answers it."""
+    import signal
+    from urllib.parse import urlparse
+
+    from playwright.sync_api import expect
+
+    from tests.serving import start_process
+
+    argv = ["app.py", "--db", str(tmp_path / "chat.db"), "--model", tiny_chat_model, "--dtype", "float32",
+            "--num-kv-blocks", "256", "--auth-file", logins_file(tmp_path, cara="pw-c", alex="pw-x"),
+            "--agent", "alex"]
+    proc, url = start_process(argv)
+    try:
+        customer = logged_in(chromium, f"{url}/chat/support/", "cara", "pw-c", width=390, height=844)
+        customer.locator("#msg textarea").click()
+        customer.keyboard.type("My stove leaks gas, I want to talk to a person")
+        customer.keyboard.press("Enter")
+        expect(customer.locator("#person-status")).to_contain_text("number 1 in line")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        proc, url = start_process(argv, port=urlparse(url).port)
+
+        customer.reload()  # the logins lived in the killed process: the page asks again
+        customer.locator("input[type=password]").wait_for()
+        customer.locator("input:not([type=password])").first.fill("cara")
+        customer.locator("input[type=password]").fill("pw-c")
+        customer.keyboard.press("Enter")
+        expect(customer.locator("#person-status")).to_contain_text("number 1 in line")
+        expect(customer.locator("#chatbot [data-testid='user']")).to_contain_text("stove leaks gas")
+        expect(customer.locator("#chatbot [data-testid='bot']")).to_have_count(0)  # the model stayed quiet
+
+        agent = logged_in(chromium, f"{url}/console/", "alex", "pw-x")
+        expect(agent.locator("#inbox-table")).to_contain_text("waiting for a person")
+        agent.locator("#inbox-pick input").click()
+        agent.keyboard.press("ArrowDown")
+        agent.keyboard.press("Enter")
+        expect(agent.locator("#inbox-chat")).to_contain_text("stove leaks gas")
+        agent.locator("#inbox-take").click()
+        expect(agent.locator("#inbox-state")).to_contain_text("with a person (alex)")
+        agent.locator("#inbox-reply textarea").click()
+        agent.keyboard.type("Please leave the tent and close the valve; I am sending a replacement.")
+        agent.keyboard.press("Enter")
+        expect(customer.locator("#chatbot")).to_contain_text("close the valve")
+        expect(customer.locator("#person-status")).to_contain_text("chatting with alex")
+    finally:
+        proc.kill()
+        proc.wait(30)

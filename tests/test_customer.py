@@ -37,6 +37,8 @@ def test_the_root_leads_to_the_default_assistant_and_unknown_ones_are_a_clear_40
     assert r.status_code in (302, 307) and r.headers["location"] == f"/chat/{assistants.DEFAULT_SLUG}/"
     r = httpx.get(shop.url + "/chat/no-such-desk/")
     assert r.status_code == 404 and "There is no assistant at" in r.text and "/chat/support/" in r.text
+    r = httpx.get(shop.url + "/chat/no-such-desk/", cookies={"pagedchat_lang": "ko"})
+    assert r.status_code == 404 and "상담 창구가 없습니다" in r.text and "/chat/support/" in r.text
     assert httpx.get(shop.url + "/chat/vip/").status_code == 200
     assert httpx.get(shop.url + "/chat/vip/").headers["content-security-policy"] == \
         "frame-ancestors https://shop.example"
@@ -80,3 +82,38 @@ def test_the_console_shows_nothing_to_a_customer(shop):
     with pytest.raises(Exception, match="Only operators"):
         Client(shop.url + "/console/", auth=("bob", "pw-b"), verbose=False).predict(api_name="/reset_prefix_cache")
     assert "/reset_prefix_cache" in names
+
+
+def test_the_operators_downloads_go_to_operators_only(shop):
+    """Rated replies and analytics are made on request by a route that checks the login; a customer
+    with the URL gets a refusal, never the file (they used to be Gradio cache files)."""
+    Client(shop.url + "/chat/vip/", auth=("bob", "pw-b"), verbose=False).predict("A rated question",
+                                                                                 api_name="/send")
+    store = Store(shop.db)
+    session = store.sessions("login:bob", assistant="vip")[0]
+    reply = [m for m in store.messages("login:bob", session["id"]) if m["role"] == "assistant"][-1]
+    store.set_feedback("login:bob", session["id"], reply["id"], -1, "=HYPERLINK(\"http://evil.example\")")
+    files = ("feedback.csv", "feedback.jsonl", "analytics.csv?days=7")
+    anonymous = httpx.Client(base_url=shop.url)
+    assert {anonymous.get(f"/console/export/{f}").status_code for f in files} == {401}
+    customer = httpx.Client(base_url=shop.url)
+    customer.post("/console/login", data={"username": "bob", "password": "pw-b"})
+    customer.post("/chat/vip/login", data={"username": "bob", "password": "pw-b"})
+    refused = [customer.get(f"/console/export/{f}") for f in files]
+    assert {r.status_code for r in refused} == {403} and "Only operators" in refused[0].text
+    assert not any("A rated question" in r.text for r in refused)
+    names = Client(shop.url + "/console/", auth=("bob", "pw-b"), verbose=False).view_api(
+        return_format="dict", print_info=False)["named_endpoints"]
+    assert not {n for n in names if "feedback_csv" in n or "feedback_jsonl" in n or n == "/csv"}
+
+    operator = httpx.Client(base_url=shop.url)
+    operator.post("/console/login", data={"username": "alice", "password": "pw-a"})
+    csv_file = operator.get("/console/export/feedback.csv")
+    assert csv_file.status_code == 200 and csv_file.headers["cache-control"] == "no-store"
+    assert csv_file.content.startswith(b"\xef\xbb\xbf") and "A rated question" in csv_file.text
+    assert "'=HYPERLINK" in csv_file.text and 'filename="feedback.csv"' in csv_file.headers["content-disposition"]
+    assert "A rated question" in operator.get("/console/export/feedback.jsonl").text
+    assert "vip" in operator.get("/console/export/analytics.csv?days=7").text
+    assert operator.get("/console/export/secrets.db").status_code == 404
+    bad = operator.get("/console/export/analytics.csv?days=lots")
+    assert bad.status_code == 400 and "days" in bad.text

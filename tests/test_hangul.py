@@ -6,7 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from engine.client import EngineDeadError, EngineOverloadedError
 from engine.detokenizer import IncrementalDetokenizer
+from server.limits import TooManyRequestsError
 from storage import Store
 from tests.fakes import FakeEngineClient
 from ui.handlers import ChatHandlers
@@ -47,6 +49,36 @@ def test_a_korean_chat_is_stored_searched_and_exported_intact(smol_tokenizer, tm
     assert exported["messages"][1]["content"] == TEXT
     assert TEXT in chat_markdown(chat.store.session(uid, sid), messages)
     assert "대기 순서 1번" in chat.ask_person(uid, sid, req)[0]["value"]  # the status line in Korean
+
+
+def korean(name: str = "minji"):
+    return SimpleNamespace(username=name, session_hash="t", headers={"accept-language": "ko-KR,ko;q=0.9"},
+                           request=SimpleNamespace(path_params={"assistant": "support"}), cookies={})
+
+
+@pytest.mark.parametrize("refusal, said", [
+    (EngineOverloadedError("engine overloaded: 300 requests waiting"), "매우 바빠"),
+    (EngineDeadError("CUDA error: device-side assert"), "사용할 수 없어"),
+    (TooManyRequestsError("you already have 2 requests in progress"), "다른 대화에서"),
+    ("too long", "토큰이 되어"),
+])
+def test_a_refused_turn_is_explained_in_korean_on_the_korean_page(smol_tokenizer, tmp_path, refusal, said):
+    """The engine's refusals reach a Korean customer in Korean, never the engine's English words;
+    the message stays in the box, unsent."""
+    fake = FakeEngineClient(smol_tokenizer)
+    chat = ChatHandlers(fake, Store(str(tmp_path / "c.db")), demo=False)
+    uid, sid = chat.current(None, None, korean())
+    text = "텐트 " * 300 if refusal == "too long" else "텐트 배송 언제 와요?"
+    if refusal != "too long":
+        fake.refuse_with = refusal
+
+    async def drain():
+        return [u async for u in chat.send(uid, sid, text, request=korean())]
+    with pytest.warns(UserWarning) as shown:
+        updates = asyncio.run(drain())
+    (warning,) = [str(w.message) for w in shown]
+    assert said in warning and not any(word in warning for word in ("engine", "CUDA", "requests", "tokens long"))
+    assert updates[-1][1] == text and chat.store.messages(uid, sid) == []
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import UserLimiter
 from storage import Store
 from tests.fakes import FakeEngineClient, press_stop
+from ui import downloads
 from ui.handlers import ChatHandlers
 from ui.operator import OperatorHandlers
 
@@ -221,23 +222,24 @@ def test_feedback_is_stored_beside_the_reply_and_listed_for_operators(chat, fake
     assert rows[0][1:5] == ["down", "It did not answer my question.", "login:alice", "Where is my parcel?"]
     with pytest.raises(gr.Error):
         operator.feedback_table(tab("alice"))  # a visitor cannot read other people's chats
-    jsonl = open(operator.feedback_jsonl(tab("olga"))).read().splitlines()
+    jsonl = downloads.body(chat.store, "feedback.jsonl", 30).splitlines()
     assert '"role": "user"' in jsonl[0] and "Where is my parcel?" in jsonl[0]
-    assert "It did not answer" in open(operator.feedback_csv(tab("olga"))).read()
+    assert "It did not answer" in downloads.body(chat.store, "feedback.csv", 30)
 
 
 @pytest.mark.parametrize("comment", ["=HYPERLINK(\"http://evil.example\",\"Click\")", "+cmd|' /C calc'!A0",
                                      "@SUM(1+1)*cmd|' /C calc'!A0", "-2+3+cmd|' /C calc'!A0", "\t=1+1"])
 def test_a_customer_comment_never_becomes_a_formula_in_the_operators_csv(chat, comment):
     import csv
+    import io
 
     uid, sid = chat.current(None, None, tab("mallory"))
     asyncio.run(drain(chat.send(uid, sid, "=1+1 is my question", 0.0, 1.0, 64, request=tab("mallory"))))
     rated_id, _ = chat.rate(uid, sid, gr.LikeData(None, {"index": 1, "value": "", "liked": False}), tab("mallory"))
     chat.comment(uid, sid, rated_id, comment, tab("mallory"))
-    operator = OperatorHandlers(chat.client, chat.store, {"m": None}, None, {"olga"})
-    with open(operator.feedback_csv(tab("olga")), encoding="utf-8-sig", newline="") as f:
-        row = next(csv.DictReader(f))
+    text = downloads.body(chat.store, "feedback.csv", 30)
+    assert text.startswith("\ufeff")
+    row = next(csv.DictReader(io.StringIO(text.removeprefix("\ufeff"), newline="")))
     assert row["comment"] == "'" + comment.strip()  # shown as typed, after a quote that keeps it text
     assert row["title"] == "'=1+1 is my question"
     assert not any(cell.startswith(("=", "+", "-", "@", "\t")) for cell in row.values())

@@ -13,7 +13,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
-from server.limits import UserLimiter
+from server.limits import TooManyRequestsError, UserLimiter
 from engine.tool_calls import ToolCallParser
 from engine.tools import NO_CALL_GRAMMAR, ToolPlan
 from storage import StoreError, StoreUnavailable
@@ -22,11 +22,16 @@ from ui.conversation import build_prompt, call_message, chat_messages, extend, t
 from ui.display import TYPING, display, in_flight
 from ui.reply import ReplyWriter
 from ui.grounding import ground, mark
+from ui.i18n import Refusal
 
 
 class ReplyCut(EngineDeadError):
     """A reply cut after it had started (its engine went away): what was written is stored, marked
-    interrupted, and the turn counts as sent."""
+    interrupted, and the turn counts as sent. `key`: what the customer is told (ui.i18n.SAID)."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def after_call(tokenizer, context_ids: list[int], messages: list[dict], record: dict, plan, encode) -> list[int]:
@@ -122,7 +127,7 @@ class ChatService:
         """The turn, registered as the chat's one turn in flight and holding a slot of the user's cap
         until it ends, however it ends (finished, cancelled, closed by stop)."""
         if session_id in self.busy:
-            raise ValueError("This chat is already answering (in another tab?): wait for the reply or press Stop.")
+            raise Refusal("already_answering")
         with self.limiter.slot(user):
             self.busy[session_id] = flight
             try:
@@ -140,14 +145,14 @@ class ChatService:
         stored. Refusals raise ValueError, a database that cannot serve StoreUnavailable."""
         session = self.store.session(user, session_id)
         if session is None:
-            raise ValueError("this chat does not exist or is not yours")
+            raise Refusal("not_yours")
         history = self.store.messages(user, session_id)
         model = info.name
         tools = self.tools_for(session)
         plan = ToolPlan([t.tool for t in tools], "auto", False) if tools else None
         last_user = history[-1] if regenerate and history and history[-1]["role"] == "user" else None
         if regenerate and last_user is None:
-            raise ValueError("nothing to regenerate")
+            raise Refusal("nothing_to_regenerate")
         before = history[:-1] if regenerate else history
         chunks = self.retrieve(session, before, last_user["content"] if regenerate else text)
         grounding = ground(info.tokenizer, session["system_prompt"], chunks, info.block_size) if chunks else None
@@ -164,8 +169,7 @@ class ChatService:
             return Prepared(prompt_ids, history, last_text, window, None, tools, plan, system, encode, grounding)
         prompt = build_prompt(info.tokenizer, system, history, text, model, self._limit(info, params), plan, encode)
         if len(prompt.token_ids) >= info.max_model_len:
-            raise ValueError(f"this message makes the conversation {len(prompt.token_ids)} tokens long; the model "
-                             f"takes {info.max_model_len}. Start a new chat or send a shorter message.")
+            raise Refusal("too_long", tokens=len(prompt.token_ids), limit=info.max_model_len)
         stored = self.store.add_message(user, session_id, "user", text, prompt.token_ids, model=model,
                                         trimmed_turns=prompt.trimmed)
         if len(history) == 0 and session["title"] == "New chat":
@@ -216,17 +220,18 @@ class ChatService:
                     async for out in stream:
                         await reply.save(out, "streaming")
                         yield self.render(shown) + [in_flight(out.outputs[0].text, [record], False)], False
-        except (ValueError, EngineDeadError, EngineOverloadedError) as e:
-            if reply.last is None:
+        except (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError) as e:
+            if reply.last is None:  # (a remote engine applies its own per-user cap)
                 if not regenerate:  # refused at admission: the text stays in the box, unsent
                     await asyncio.to_thread(self.store.delete_messages_from, user, session_id, stored)
                 raise
             await reply.finish("interrupted")  # cut mid-reply (an engine went away): kept, marked, the chat goes on
-            raise ReplyCut(str(e)) from e
+            raise ReplyCut(str(e), "reply_cut") from e
         except StoreUnavailable as e:  # the message was stored: the turn counts as sent, the reply as cut
-            raise ReplyCut(f"{e}. What the assistant wrote so far may not be saved; try again in a moment.") from None
+            raise ReplyCut(f"{e}. What the assistant wrote so far may not be saved; try again in a moment.",
+                           "reply_cut_storage") from None
         except StoreError:
-            raise ValueError("This chat was deleted while the reply was being written; the reply stopped.") from None
+            raise Refusal("deleted_mid_reply") from None
         except (asyncio.CancelledError, GeneratorExit):  # Stop, a closed tab, or the event closed
             await reply.finish("abort")
             raise

@@ -16,7 +16,7 @@ from engine.client import EngineClient
 from server.auth import Credentials
 from storage import analytics
 from storage.knowledge import KINDS, MAX_FILE_BYTES, DocumentError, Knowledge
-from ui import assistants, transfer
+from ui import assistants, downloads
 from ui.grounding import DEFAULT_K
 from ui.inbox import InboxHandlers, inbox_panel, wire_inbox
 from ui.layout import PRIVATE, THEME_TOGGLE, engine_panel, operator_controls, wire_live, wire_operator
@@ -114,21 +114,15 @@ class AnalyticsHandlers:
                                for r in rows for k in ("chats", "turns")], columns=["day", "value", "series"])
         return [[r[c] for c in analytics.COLUMNS] for r in rows], series
 
-    def csv(self, days, request: gr.Request) -> str:
-        self.operator._check(request)
-        return transfer.write_csv("analytics.csv", analytics.COLUMNS,
-                                  analytics.daily(self.store, max(1, min(int(days or 30), 366))))
-
 
 def analytics_panel() -> SimpleNamespace:
     with gr.Accordion("Analytics", open=False, elem_id="analytics"):
         with gr.Row():
             days = gr.Number(30, precision=0, minimum=1, maximum=366, label="Days", elem_id="analytics-days")
             refresh_btn = gr.Button("Show", size="sm", elem_id="analytics-refresh")
-            csv_btn = gr.Button("Download CSV", size="sm", elem_id="analytics-csv")
+            csv_link = gr.HTML(downloads.analytics_link(30), elem_id="analytics-csv")
         plot = gr.LinePlot(x="day", y="value", color="series", title="Chats and turns per day", height=240)
         table = gr.Dataframe(headers=analytics.COLUMNS, interactive=False, wrap=True, elem_id="analytics-table")
-        file = gr.File(label="Download", interactive=False, elem_id="analytics-file")
     return SimpleNamespace(**locals())
 
 
@@ -173,7 +167,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
                               **PRIVATE)
         edit.save_btn.click(editor.save, fields, [edit.status, edit.pick, edit.versions], **PRIVATE)
         stats.refresh_btn.click(numbers.table, [stats.days], [stats.table, stats.plot], **PRIVATE)
-        stats.csv_btn.click(numbers.csv, [stats.days], [stats.file], **PRIVATE)
+        stats.days.change(downloads.analytics_link, [stats.days], [stats.csv_link], **PRIVATE)
         theme_btn.click(None, js=THEME_TOGGLE)
         wire_live(timer, sampler, model_line, live, allowed=operator.is_operator)
         wire_operator(operator, ops)

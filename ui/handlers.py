@@ -76,7 +76,7 @@ class ChatHandlers(TurnHandlers):
         """The latest version of this page's assistant (the default one on the demo page)."""
         found = self.store.assistant(self.assistant_slug(request) or assistants.DEFAULT_SLUG)
         if found is None:
-            raise gr.Error(f"There is no assistant at /chat/{self.assistant_slug(request)}.")
+            raise gr.Error(say(request, "no_assistant", address=f"/chat/{self.assistant_slug(request)}"))
         return found
 
     def _owned_here(self, uid: str, sid: str | None, request: gr.Request) -> bool:

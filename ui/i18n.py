@@ -51,6 +51,22 @@ SAID = {
                         "Please try again in a moment.",
         "loading": "The assistant is starting (loading the model). You can type now: your message is answered "
                    "as soon as it is ready.",
+        "no_assistant": "There is no assistant at {address}.",
+        "already_answering": "This chat is already answering (in another tab?): wait for the reply or press Stop.",
+        "not_yours": "This chat does not exist or is not yours.",
+        "nothing_to_regenerate": "There is no reply to regenerate yet.",
+        "too_long": "This message makes the conversation {tokens} tokens long; the assistant reads at most {limit}. "
+                    "Start a new chat or send a shorter message.",
+        "deleted_mid_reply": "This chat was deleted while the reply was being written; the reply stopped.",
+        "busy": "The assistant is very busy right now and could not take your message: it is back in the box. "
+                "Please try again in a moment.",
+        "too_many": "You already have replies being written in other chats: wait for one to finish, then send again.",
+        "unavailable": "The assistant is not available right now, so your message was not sent: it is back in the "
+                       "box. Please try again in a moment, or talk to a person.",
+        "reply_cut": "The reply was cut short by a problem on our side. What was written is kept: send again to "
+                     "continue.",
+        "reply_cut_storage": "The reply was cut short: the chat could not be saved just now. Please try again in a "
+                             "moment.",
     },
     "ko": {
         "waiting": "상담원 연결 대기 중: 대기 순서 {place}번입니다. 상담원이 이 대화 전체를 보게 되며, 그동안 "
@@ -66,6 +82,20 @@ SAID = {
                         "시도해 주세요.",
         "loading": "어시스턴트를 시작하는 중입니다 (모델 불러오는 중). 지금 입력하셔도 됩니다. 준비되는 대로 답변해 "
                    "드립니다.",
+        "no_assistant": "{address}에는 상담 창구가 없습니다.",
+        "already_answering": "이 대화는 이미 답변 중입니다 (다른 탭에서?). 답변을 기다리거나 중지를 눌러 주세요.",
+        "not_yours": "이 대화가 없거나 내 대화가 아닙니다.",
+        "nothing_to_regenerate": "아직 다시 생성할 답변이 없습니다.",
+        "too_long": "이 메시지를 보내면 대화가 {tokens}토큰이 되어, 어시스턴트가 읽을 수 있는 {limit}토큰을 넘습니다. "
+                    "새 대화를 시작하거나 더 짧게 보내 주세요.",
+        "deleted_mid_reply": "답변을 쓰는 중에 이 대화가 삭제되어 답변을 멈췄습니다.",
+        "busy": "지금 어시스턴트가 매우 바빠 메시지를 받지 못했습니다. 입력창에 그대로 있으니 잠시 후 다시 시도해 "
+                "주세요.",
+        "too_many": "다른 대화에서 답변을 쓰는 중입니다. 하나가 끝난 뒤 다시 보내 주세요.",
+        "unavailable": "지금은 어시스턴트를 사용할 수 없어 메시지를 보내지 못했습니다. 입력창에 그대로 있으니 잠시 후 "
+                       "다시 시도하거나 상담원 연결을 눌러 주세요.",
+        "reply_cut": "문제가 생겨 답변이 중간에 끊겼습니다. 쓰인 부분은 남아 있으니 다시 보내면 이어집니다.",
+        "reply_cut_storage": "지금 대화를 저장할 수 없어 답변이 중간에 끊겼습니다. 잠시 후 다시 시도해 주세요.",
     },
 }
 
@@ -99,6 +129,15 @@ def language(request) -> str:
 
 def say(request, key: str, **values) -> str:
     return SAID[language(request)][key].format(**values)
+
+
+class Refusal(ValueError):
+    """A turn refused for a reason the customer is told in their language (a SAID key and its
+    values); str() is the English line, for logs and the demo page."""
+
+    def __init__(self, key: str, **values) -> None:
+        super().__init__(SAID["en"][key].format(**values))
+        self.key, self.values = key, values
 
 
 # The page's language switch: a cookie for a year, then the page again in the other language.

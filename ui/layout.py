@@ -11,6 +11,7 @@ import gradio as gr
 from engine.client import EngineClient
 from server.auth import Credentials, VisitorCookie
 from server.limits import UserLimiter
+from ui import downloads
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.handlers import DEMO_HINT, ChatHandlers
 from ui.i18n import TEXT
@@ -165,10 +166,8 @@ def operator_controls(models: dict[str, str | None], quant_choices: list[str], q
         with gr.Accordion("Rated replies", open=False, elem_id="review"):
             review_btn = gr.Button("Show rated replies", size="sm", elem_id="review-refresh")
             review = gr.Dataframe(headers=FEEDBACK_COLUMNS, interactive=False, wrap=True, elem_id="review-table")
-            with gr.Row():
-                review_csv_btn = gr.Button("Download CSV", size="sm", elem_id="review-csv")
-                review_jsonl_btn = gr.Button("Download JSONL", size="sm", elem_id="review-jsonl")
-            review_file = gr.File(label="Download", interactive=False, elem_id="review-file")
+            gr.HTML(downloads.links(("Download CSV", "feedback.csv"), ("Download JSONL", "feedback.jsonl")),
+                    elem_id="review-downloads")
     return SimpleNamespace(**locals())
 
 
@@ -282,5 +281,3 @@ def wire_operator(operator: OperatorHandlers, ops: SimpleNamespace, after_switch
     ops.sim_btn.click(operator.simulate, [ops.sim_n], [ops.sim_status])
     ops.reset_btn.click(operator.reset_prefix_cache, None, [ops.reset_status])
     ops.review_btn.click(operator.feedback_table, None, [ops.review])
-    ops.review_csv_btn.click(operator.feedback_csv, None, [ops.review_file])
-    ops.review_jsonl_btn.click(operator.feedback_jsonl, None, [ops.review_file])

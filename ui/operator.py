@@ -79,11 +79,3 @@ class OperatorHandlers:
         self._check(request)
         rows = transfer.feedback_rows(self.store.rated_replies())
         return [[r["feedback_at"], r["rating"], r["comment"], r["user_id"], r["title"], r["reply"]] for r in rows]
-
-    def feedback_csv(self, request: gr.Request) -> str:
-        self._check(request)
-        return transfer.feedback_csv(transfer.feedback_rows(self.store.rated_replies()))
-
-    def feedback_jsonl(self, request: gr.Request) -> str:
-        self._check(request)
-        return transfer.feedback_jsonl(transfer.feedback_rows(self.store.rated_replies()))

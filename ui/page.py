@@ -21,6 +21,8 @@ CSS = """
 .skip-link { position: absolute; left: 8px; top: -100px; z-index: 1000; padding: 8px 12px; border-radius: 6px;
   background: #1f2937; color: #fff; font-weight: 600; }
 .skip-link:focus { top: 8px; }
+.download-link { display: inline-block; margin: 4px 8px 4px 0; padding: 4px 12px; border-radius: 6px;
+  border: 1px solid var(--border-color-primary); font-size: var(--text-sm); }
 #assistant-name h1, h1.page-title { font-size: 1.15rem; margin: 0; }
 @media (max-width: 767px) {
   .sidebar:not(.open) .toggle-button { left: calc(100% + 3px); }  /* wholly on screen, left of the content */

@@ -4,6 +4,7 @@ JSONL for the weekly review."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
@@ -100,8 +101,8 @@ def feedback_rows(rated: list[dict]) -> list[dict]:
 
 
 def feedback_csv(rows: list[dict]) -> str:
-    return write_csv("feedback.csv", FEEDBACK_FIELDS,
-                     [{**row, "conversation": json.dumps(row["conversation"], ensure_ascii=False)} for row in rows])
+    return csv_text(FEEDBACK_FIELDS,
+                    [{**row, "conversation": json.dumps(row["conversation"], ensure_ascii=False)} for row in rows])
 
 
 FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet read a cell as a formula
@@ -113,17 +114,16 @@ def spreadsheet_safe(value):
     return "'" + value if isinstance(value, str) and value.startswith(FORMULA_LEADS) else value
 
 
-def write_csv(name: str, fields: list[str], rows: list[dict]) -> str:
-    """A CSV download in UTF-8 with a byte-order mark, so a spreadsheet opens Hangul (and any
-    non-ASCII text) correctly. Customers write some of its cells (comments, messages): none can
-    become a formula."""
-    path = write_file(name, "")
-    with open(path, "w", newline="", encoding="utf-8-sig") as f:
-        writer = csv.DictWriter(f, fields)
-        writer.writeheader()
-        writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in rows)
-    return path
+def csv_text(fields: list[str], rows: list[dict]) -> str:
+    """A CSV file starting with a byte-order mark, so a spreadsheet opens Hangul (and any non-ASCII
+    text) as UTF-8. Customers write some of its cells (comments, messages): none can become a formula."""
+    out = io.StringIO(newline="")
+    out.write("\ufeff")
+    writer = csv.DictWriter(out, fields)
+    writer.writeheader()
+    writer.writerows({k: spreadsheet_safe(v) for k, v in row.items()} for row in rows)
+    return out.getvalue()
 
 
 def feedback_jsonl(rows: list[dict]) -> str:
-    return write_file("feedback.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)

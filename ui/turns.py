@@ -17,11 +17,26 @@ from ui import assistants
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import ReplyCut
 from ui.display import TYPING, plain_text, text_of
-from ui.i18n import say, wants_person
+from ui.i18n import Refusal, say, wants_person
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError, StoreError)  # warnings
 MODEL_WAIT_S = 600  # how long a message sent while the model loads waits for it
 log = logging.getLogger("pagedchat.ui")
+
+
+def refusal_key(e: Exception) -> str | None:
+    """What a customer is told (a ui.i18n.SAID key) when a turn ends with `e`; None: its own words."""
+    if isinstance(e, ReplyCut):
+        return e.key
+    if isinstance(e, StoreUnavailable):
+        return "storage_busy"
+    if isinstance(e, EngineOverloadedError):
+        return "busy"
+    if isinstance(e, TooManyRequestsError):
+        return "too_many"
+    if isinstance(e, EngineDeadError):
+        return "unavailable"  # the engine is loading, gone, or cannot be reached
+    return None
 
 
 class TurnHandlers:
@@ -99,14 +114,18 @@ class TurnHandlers:
         except StoreError:
             return gr.update()
 
-    @staticmethod
-    def _warn(e: Exception, request: gr.Request) -> None:
-        """A refused or cut turn, said to the person in their language where it is the database's."""
+    def _warn(self, e: Exception, request: gr.Request) -> None:
+        """A refused or cut turn, said in the customer's language. The demo page, whose visitors
+        watch the engine, shows an engine's own words (queue lengths, what failed)."""
         if isinstance(e, StoreUnavailable):
             log.warning("chat storage: %s", e)
-            gr.Warning(say(request, "storage_busy"))
-        else:
+        key = refusal_key(e)
+        if isinstance(e, Refusal):
+            gr.Warning(say(request, e.key, **e.values))
+        elif key is None or (self.demo and key != "storage_busy"):
             gr.Warning(str(e))
+        else:
+            gr.Warning(say(request, key))
 
     async def stop(self, uid, sid, request: gr.Request):
         """Stop: the reply ends now (its engine request aborted); the chat as stored, the reply

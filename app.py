@@ -13,6 +13,7 @@ everyone, a chat's own system prompt and sampling).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ import sys
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 from engine.checkpoint.source import DEFAULT_MODEL_NAME
 from engine.client import EngineClient
+from engine.fleet import ModelFleet
 from engine.config import EngineConfig, add_engine_args, config_from_args, knobs
 from server.auth import Credentials, VisitorCookie, read_secret
 from server.middleware import VisitorCookieMiddleware
@@ -86,6 +88,17 @@ def model_choices(config: EngineConfig, extra: list[str]) -> dict[str, str | Non
     return models
 
 
+def model_fleet(client: EngineClient, config: EngineConfig, models: dict[str, str | None], remote: bool) -> ModelFleet:
+    """The engines by model: `client` first; another offered model an assistant names gets an engine
+    of its own in this process, with the main one's settings but its own quantization default and no
+    disk tier (the tier's folder belongs to the main engine). A UI tier on remote engines has one."""
+    def start(model: str | None) -> EngineClient:
+        from engine.async_llm import AsyncLLM
+
+        return AsyncLLM(dataclasses.replace(config, model=model, quantization=None, kv_disk=None))
+    return ModelFleet(client, models, None if remote else start)
+
+
 def build_app(args: argparse.Namespace):
     """FastAPI with the API routes first, then the Gradio UI mounted at / (routes added first win)."""
     import gradio as gr
@@ -131,11 +144,15 @@ def build_app(args: argparse.Namespace):
     api.add_api_route("/knowledge/{assistant}/{chunk_id}", knowledge_page(store), include_in_schema=False)
     models, salted = model_choices(config, args.models), args.cache_isolation == "user"
     mount = dict(auth=login(credentials), footer_links=[], run_history=False, **page_assets())
-    customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted)
+    fleet = model_fleet(client, config, models, remote=bool(args.engine_url))
+    for a in store.assistants():  # the models assistants name load now, beside the main one
+        fleet.client_for(a["model"])
+    api.state.fleet = fleet
+    customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted, fleet=fleet)
     app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N, **mount)
     downloads.add_route(app, store, credentials)  # before the console's mount, which would take the path
     console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials,
-                            agents=frozenset(args.agent))
+                            agents=frozenset(args.agent), fleet=fleet)
     app = gr.mount_gradio_app(app, console, path="/console", **mount)
     if args.demo:
         demo = build_ui(client, store, models=models, quantization=config.quantization, credentials=credentials,
@@ -185,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log.info("serving the chat at http://%s:%d/ and the API at /v1 (the model loads in the background)",
              args.host, args.port)
-    serve(app, args.host, args.port, client.shutdown, drain=getattr(client, "drain", None),
-          drain_s=args.drain_seconds)
+    fleet = app.state.fleet
+    serve(app, args.host, args.port, fleet.shutdown, drain=fleet.drain, drain_s=args.drain_seconds)
     return 0
 
 

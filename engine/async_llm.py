@@ -20,6 +20,7 @@ import psutil
 
 from engine.client import EngineDeadError, ModelInfo
 from engine.config import EngineConfig
+from engine.cpu_turns import cpu_turn
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
 from engine.snapshot import take_snapshot
@@ -27,6 +28,9 @@ from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("pagedchat.async")
+# One model loads at a time in this process: two engines loading at once (engine.fleet) raced in
+# transformers' lazy imports ("cannot import name 'AutoConfig'"), and would only share the cores.
+_LOADING = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -181,7 +185,8 @@ class AsyncLLM:
             config = dataclasses.replace(self.config, model=model, quantization=quantization)
             rss_before, t0 = psutil.Process().memory_info().rss, time.perf_counter()
             try:
-                new = LLMEngine(config)
+                with _LOADING:
+                    new = LLMEngine(config)
             except Exception as e:
                 self.metrics.load_failures.labels(self.metrics.model_name).inc()
                 raise ValueError(f"could not load {config.model or 'the default model'}: {e}") from e
@@ -224,7 +229,8 @@ class AsyncLLM:
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
         try:
-            self._engine = LLMEngine(self.config)
+            with _LOADING:
+                self._engine = LLMEngine(self.config)
             self._loaded_new(self._engine)
             self.state = "ready"
         except Exception as e:  # noqa: BLE001
@@ -252,12 +258,15 @@ class AsyncLLM:
             for command in commands:
                 command()
             engine = self._engine  # a command may have switched the model
-            outputs = engine.step() if engine.has_unfinished_requests() else []
-            if self._draining is not None:  # after a switch: the old model finishes its replies
-                outputs += self._draining.step()
-                if not self._draining.has_unfinished_requests():
-                    self._draining.close()
-                    self._draining = None
+            outputs = []
+            if engine.has_unfinished_requests() or self._draining is not None:
+                with cpu_turn():  # other models in this process step in turn, never at once
+                    outputs = engine.step() if engine.has_unfinished_requests() else []
+                    if self._draining is not None:  # after a switch: the old model finishes its replies
+                        outputs += self._draining.step()
+            if self._draining is not None and not self._draining.has_unfinished_requests():
+                self._draining.close()
+                self._draining = None
             busy = engine.has_unfinished_requests() or self._draining is not None
             for out in outputs:
                 self._deliver(out)

@@ -48,6 +48,22 @@ def logged_in(chromium, url: str, name: str, password: str, locale: str = "en-US
     return page
 
 
+def take_and_reply(agent, shows: str, reply: str) -> None:
+    """The agent (alex) picks the first chat in the inbox with the keyboard, sees `shows` in it,
+    takes it and sends `reply`."""
+    from playwright.sync_api import expect
+
+    agent.locator("#inbox-pick input").click()
+    agent.keyboard.press("ArrowDown")
+    agent.keyboard.press("Enter")
+    expect(agent.locator("#inbox-chat")).to_contain_text(shows)
+    agent.locator("#inbox-take").click()
+    expect(agent.locator("#inbox-state")).to_contain_text("with a person (alex)")
+    agent.locator("#inbox-reply textarea").click()
+    agent.keyboard.type(reply)
+    agent.keyboard.press("Enter")
+
+
 def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
     from playwright.sync_api import expect
 
@@ -70,15 +86,7 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
     expect(agent.locator("#inbox-table")).to_contain_text("waiting for a person")
     expect(agent.locator("#inbox-table tbody tr")).to_have_count(1)  # the page load made one chat, not two
     assert agent.locator("#assistants").count() == 0 or not agent.locator("#assistants").is_visible()
-    agent.locator("#inbox-pick input").click()
-    agent.keyboard.press("ArrowDown")
-    agent.keyboard.press("Enter")
-    expect(agent.locator("#inbox-chat")).to_contain_text("tent arrived torn")
-    agent.locator("#inbox-take").click()
-    expect(agent.locator("#inbox-state")).to_contain_text("with a person (alex)")
-    agent.locator("#inbox-reply textarea").click()
-    agent.keyboard.type("Hi, I'm Alex. I have sent you a return label.")
-    agent.keyboard.press("Enter")
+    take_and_reply(agent, "tent arrived torn", "Hi, I'm Alex. I have sent you a return label.")
     expect(agent.locator("#inbox-chat")).to_contain_text("return label")
 
     expect(customer.locator("#chatbot")).to_contain_text("return label")  # no reload: the open tab polls
@@ -204,15 +212,8 @@ def test_a_waiting_chat_is_still_waiting_after_kill_9_and_an_agent_answers_it(ti
 
         agent = logged_in(chromium, f"{url}/console/", "alex", "pw-x")
         expect(agent.locator("#inbox-table")).to_contain_text("waiting for a person")
-        agent.locator("#inbox-pick input").click()
-        agent.keyboard.press("ArrowDown")
-        agent.keyboard.press("Enter")
-        expect(agent.locator("#inbox-chat")).to_contain_text("stove leaks gas")
-        agent.locator("#inbox-take").click()
-        expect(agent.locator("#inbox-state")).to_contain_text("with a person (alex)")
-        agent.locator("#inbox-reply textarea").click()
-        agent.keyboard.type("Please leave the tent and close the valve; I am sending a replacement.")
-        agent.keyboard.press("Enter")
+        take_and_reply(agent, "stove leaks gas", "Please leave the tent and close the valve; I am sending a "
+                                                 "replacement.")
         expect(customer.locator("#chatbot")).to_contain_text("close the valve")
         expect(customer.locator("#person-status")).to_contain_text("chatting with alex")
     finally:

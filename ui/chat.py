@@ -92,17 +92,17 @@ class ChatService:
         self.store = store
         self.limiter = limiter or UserLimiter(0)
         self.salt_by_user = salt_by_user
-        self.active: dict[str, set[str]] = {}  # browser tab (session_hash) -> engine request ids
+        self.active: dict[str, dict[str, EngineClient]] = {}  # browser tab (session_hash) -> its requests' engines
         self.busy: dict[str, InFlight] = {}  # chat -> its turn in flight (handlers share one event loop)
 
     def turn(self, user: str, session_id: str, text: str, params: SamplingParams, tab: str,
-             regenerate: bool = False) -> AsyncIterator[tuple[list, bool]]:
+             regenerate: bool = False, client: EngineClient | None = None) -> AsyncIterator[tuple[list, bool]]:
         """Yields (messages for display, done). Stores the user message (unless regenerating) and
         the reply as it grows, so a stop, a closed tab or a killed process keeps what was written.
         One turn at a time per chat: a second (another tab) is refused, so turns always alternate;
         and at most the per-user cap of turns at once across the user's chats (TooManyRequestsError)."""
         flight = InFlight(tab)
-        flight.steps = self._guarded(flight, user, session_id, text, params, tab, regenerate)
+        flight.steps = self._guarded(flight, user, session_id, text, params, tab, regenerate, client or self.client)
         return self._follow(flight)
 
     @staticmethod
@@ -123,7 +123,7 @@ class ChatService:
             else:
                 await flight.steps.aclose()
 
-    async def _guarded(self, flight: InFlight, user, session_id, text, params, tab, regenerate):
+    async def _guarded(self, flight: InFlight, user, session_id, text, params, tab, regenerate, client):
         """The turn, registered as the chat's one turn in flight and holding a slot of the user's cap
         until it ends, however it ends (finished, cancelled, closed by stop)."""
         if session_id in self.busy:
@@ -131,7 +131,7 @@ class ChatService:
         with self.limiter.slot(user):
             self.busy[session_id] = flight
             try:
-                async with contextlib.aclosing(self._turn(user, session_id, text, params, tab, regenerate)) as turn:
+                async with contextlib.aclosing(self._turn(user, session_id, text, params, tab, regenerate, client)) as turn:
                     async for update in turn:
                         yield update
             finally:
@@ -177,10 +177,11 @@ class ChatService:
         return Prepared(prompt.token_ids, self.store.messages(user, session_id), text, history[prompt.trimmed:],
                         stored, tools, plan, system, encode, grounding)
 
-    async def _turn(self, user, session_id, text, params, tab, regenerate):
-        info = self.client.info
+    async def _turn(self, user, session_id, text, params, tab, regenerate, client: EngineClient):
+        """The turn on `client`, the engine of the chat's model (engine.fleet)."""
+        info = client.info
         if info is None:
-            raise EngineDeadError(self.client.error or "the model is still loading")
+            raise EngineDeadError(client.error or "the model is still loading")
         p = await asyncio.to_thread(self._prepare, info, user, session_id, text, params, regenerate)
         prompt_ids, shown, last_text, window, stored = p.prompt_ids, p.shown, p.last_text, p.window, p.stored
         tools, plan, system, encode = p.tools, p.plan, p.system, p.encode
@@ -196,7 +197,7 @@ class ChatService:
                 tool = actions.triggered(tools, last_text)
                 first = with_grammar(params, ToolPlan(plan.tools, tool.name if tool else "auto", False).grammar)
             parser = ToolCallParser()
-            async with contextlib.aclosing(self._generate(prompt_ids, first, tab, session_id, salt)) as stream:
+            async with contextlib.aclosing(self._generate(client, prompt_ids, first, tab, session_id, salt)) as stream:
                 async for out in stream:  # a reply without a call is stored as written, token for token
                     parser.feed(out.delta_text)
                     visible = parser.content if parser.in_call else out.outputs[0].text
@@ -215,7 +216,7 @@ class ChatService:
                 prompt_2 = after_call(info.tokenizer, prompt_ids + reply.last.outputs[0].token_ids, messages, record,
                                       plan, encode)
                 reply.next_step(prompt_2, [record])
-                answer = self._generate(prompt_2, with_grammar(params, NO_CALL_GRAMMAR), tab, session_id, salt)
+                answer = self._generate(client, prompt_2, with_grammar(params, NO_CALL_GRAMMAR), tab, session_id, salt)
                 async with contextlib.aclosing(answer) as stream:
                     async for out in stream:
                         await reply.save(out, "streaming")
@@ -236,23 +237,24 @@ class ChatService:
             await reply.finish("abort")
             raise
         reason = reply.last.outputs[0].finish_reason if reply.last else None
-        if reason == "abort" and self.client.state == "draining":
+        if reason == "abort" and client.state == "draining":
             reason = "interrupted"  # ended by the server's shutdown, not by the customer
         await reply.finish(reason)
         yield self.render(await asyncio.to_thread(self.store.messages, user, session_id)), True
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams, tab: str, session_id: str, salt):
+    async def _generate(self, client: EngineClient, prompt_ids: list[int], params: SamplingParams, tab: str,
+                        session_id: str, salt):
         """One engine request, aborted if the turn is left early; the tab can stop it meanwhile."""
         request_id = f"chat-{uuid.uuid4().hex[:12]}"
-        self.active.setdefault(tab, set()).add(request_id)
+        self.active.setdefault(tab, {})[request_id] = client
         try:
-            stream = self.client.generate(prompt_ids, params, request_id=request_id, session_id=session_id,
+            stream = client.generate(prompt_ids, params, request_id=request_id, session_id=session_id,
                                           cache_salt=salt)
             async with contextlib.aclosing(stream):  # leaving early aborts the engine request
                 async for out in stream:
                     yield out
         finally:
-            self.active.get(tab, set()).discard(request_id)
+            self.active.get(tab, {}).pop(request_id, None)
 
     @staticmethod
     def _limit(info, params: SamplingParams) -> int:
@@ -291,7 +293,7 @@ class ChatService:
                 await asyncio.wait_for(flight.ended.wait(), 0.05)
 
     def abort_tab(self, tab: str) -> int:
-        ids = self.active.pop(tab, set())
-        for rid in ids:
-            self.client.abort(rid)
-        return len(ids)
+        requests = self.active.pop(tab, {})
+        for rid, client in requests.items():
+            client.abort(rid)
+        return len(requests)

@@ -13,6 +13,7 @@ import gradio as gr
 import pandas as pd
 
 from engine.client import EngineClient
+from engine.fleet import ModelFleet
 from server.auth import Credentials
 from storage import analytics
 from storage.knowledge import KINDS, MAX_FILE_BYTES, DocumentError, Knowledge
@@ -30,8 +31,10 @@ VERSION_COLUMNS = ["address", "version", "name", "saved", "by"]
 class AssistantEditor:
     """The assistants editor's events: show one assistant's latest version, save a new version."""
 
-    def __init__(self, store, operator: OperatorHandlers) -> None:
+    def __init__(self, store, operator: OperatorHandlers, fleet: ModelFleet | None = None) -> None:
+        """fleet: the engines by model (None: the operator's engine alone)."""
         self.store, self.operator = store, operator
+        self.fleet = fleet or ModelFleet(operator.client, operator.models)
         self.knowledge = Knowledge(store)
 
     def choices(self) -> list[str]:
@@ -48,7 +51,8 @@ class AssistantEditor:
                     self.versions(request))
         s, k = a["sampling"], a["knowledge"]
         return (a["assistant"], a["name"], a["system_prompt"], a["greeting"], s.get("temperature"), s.get("top_p"),
-                s.get("max_tokens"), s.get("repetition_penalty"), a["model"], "\n".join(a["quick_replies"]),
+                s.get("max_tokens"), s.get("repetition_penalty"),
+                a["model"] if a["model"] in self.fleet.choices() else "", "\n".join(a["quick_replies"]),
                 assistants.format_canned(a["canned"]), json.dumps(a["tools"], indent=1, ensure_ascii=False),
                 k.get("k", DEFAULT_K), k.get("min_score", 0.0), self.documents(a["assistant"]), self.versions(request))
 
@@ -86,12 +90,12 @@ class AssistantEditor:
                                    "repetition_penalty": penalty},
                       "quick_replies": (quick or "").splitlines(), "canned": assistants.parse_canned(canned),
                       "tools": tools, "knowledge": {"k": None if k is None else int(k), "min_score": min_score}}
+            self.fleet.check(model or "")
             version = assistants.save(self.store, slug, fields, getattr(request, "username", None) or "operator")
         except ValueError as e:
             return f"❌ {e}", gr.update(), gr.update()
-        served = self.operator.client.info.name if self.operator.client.info else None
-        note = (f" It names the model {model!r}; this deployment serves {served}, which answers its chats."
-                if model and served and model != served else "")
+        client = self.fleet.client_for(model)  # its model starts loading now, if it is not yet
+        note = f" Its chats are answered by **{model}** ({client.state})." if client is not self.fleet.main else ""
         return (f"✅ Saved **{slug}** version {version}: new chats at [/chat/{slug}](/chat/{slug}/) use it, chats "
                 f"already started keep the version they began with.{note}",
                 gr.update(choices=self.choices(), value=slug), self.versions(request))
@@ -127,12 +131,13 @@ def analytics_panel() -> SimpleNamespace:
 
 
 def build_console(client: EngineClient, store, *, models: dict[str, str | None], quantization: str | None,
-                  credentials: Credentials, agents: frozenset[str] = frozenset()) -> gr.Blocks:
+                  credentials: Credentials, agents: frozenset[str] = frozenset(),
+                  fleet: ModelFleet | None = None) -> gr.Blocks:
     operator = OperatorHandlers(client, store, models, quantization, set(credentials.operators))
     inbox = InboxHandlers(store, set(agents) | set(credentials.operators))
-    editor = AssistantEditor(store, operator)
+    editor = AssistantEditor(store, operator, fleet)
     numbers = AnalyticsHandlers(store, operator)
-    sampler = PanelSampler(client)
+    sampler = PanelSampler(client, fleet=editor.fleet)
     with gr.Blocks(title="pagedchat console", analytics_enabled=False) as console:
         gr.HTML("<h1 class='page-title'>pagedchat console</h1>")
         refused = gr.Markdown("The console is for agents and operators: log in with an agent's name (`--agent NAME`) "
@@ -193,7 +198,9 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
             max_tokens = gr.Number(None, label="Max reply tokens", precision=0, minimum=1, maximum=4096,
                                    elem_id="assistant-max-tokens")
             penalty = gr.Number(None, label="Repetition penalty", minimum=1, maximum=2, elem_id="assistant-penalty")
-        model = gr.Textbox(label="Model it is written for (empty: whichever is loaded)", elem_id="assistant-model")
+        model = gr.Dropdown(editor.fleet.choices(), value="", label="Model (empty: the main model, the one the "
+                            "switcher loads; others are offered with --models and load beside it)",
+                            elem_id="assistant-model")
         quick = gr.Textbox(label=f"Quick replies for customers, one per line (at most {assistants.MAX_QUICK_REPLIES})",
                            lines=3, elem_id="assistant-quick")
         canned = gr.Textbox(label="Canned responses for agents, `/shortcut: the response` per line", lines=4,

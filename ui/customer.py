@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from engine.client import EngineClient
+from engine.fleet import ModelFleet
 from server.auth import VisitorCookie
 from server.limits import UserLimiter
 from ui.handlers import ChatHandlers
@@ -15,10 +16,11 @@ from ui.layout import PRIVATE, chat_pane, chats_sidebar, wire_sessions, wire_tur
 
 
 def build_customer_ui(client: EngineClient, store, *, limiter: UserLimiter, visitors: VisitorCookie | None,
-                      salt_by_user: bool = False) -> gr.Blocks:
+                      salt_by_user: bool = False, fleet: ModelFleet | None = None) -> gr.Blocks:
     """The customer chat, served at /chat/<assistant>: the conversation and its buttons only. The
-    assistant's prompt, sampling and model never reach this page, and none of its events takes them."""
-    chat = ChatHandlers(client, store, visitors, limiter, salt_by_user, demo=False)
+    assistant's prompt, sampling and model never reach this page, and none of its events takes them.
+    Each chat is answered by the engine of its assistant's model (fleet; `client` is the main one)."""
+    chat = ChatHandlers(client, store, visitors, limiter, salt_by_user, demo=False, fleet=fleet)
     with gr.Blocks(title="Chat", analytics_enabled=False) as page:
         state = SimpleNamespace(user=gr.State(None), session=gr.State(None), rated=gr.State(None))
         side = chats_sidebar(text)

@@ -14,6 +14,7 @@ import asyncio
 import gradio as gr
 
 from engine.client import EngineClient
+from engine.fleet import ModelFleet
 from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import UserLimiter
 from storage.handoff import Handoff
@@ -30,10 +31,13 @@ DEMO_HINT = "Ask the support assistant anything."
 
 class ChatHandlers(TurnHandlers):
     def __init__(self, client: EngineClient, store, visitors: VisitorCookie | None = None,
-                 limiter: UserLimiter | None = None, salt_by_user: bool = False, demo: bool = True) -> None:
+                 limiter: UserLimiter | None = None, salt_by_user: bool = False, demo: bool = True,
+                 fleet: ModelFleet | None = None) -> None:
         """visitors: checks the signed visitor cookie (None when everyone logs in). demo: the demo
-        page's handlers (a chat's own system prompt and sliders) rather than the customer chat's."""
+        page's handlers (a chat's own system prompt and sliders) rather than the customer chat's.
+        fleet: the engines by model (an assistant may name its own); `client` is its main one."""
         self.client = client
+        self.fleet = fleet or ModelFleet(client, {"": None})
         self.store = store
         self.visitors = visitors
         self.demo = demo
@@ -79,6 +83,11 @@ class ChatHandlers(TurnHandlers):
             raise gr.Error(say(request, "no_assistant", address=f"/chat/{self.assistant_slug(request)}"))
         return found
 
+    def engine_for(self, assistant: dict | None) -> EngineClient:
+        """The engine that answers an assistant's chats: its own model's, where it names one the
+        deployment offers (the customer chat); the main engine on the demo page."""
+        return self.client if self.demo or assistant is None else self.fleet.client_for(assistant["model"])
+
     def _owned_here(self, uid: str, sid: str | None, request: gr.Request) -> bool:
         """Whether `sid` is this user's and belongs on this page (its assistant's, in the customer chat)."""
         session = self.store.session(uid, sid) if sid else None
@@ -96,8 +105,9 @@ class ChatHandlers(TurnHandlers):
     def _new_session(self, uid: str, request: gr.Request, system_prompt: str | None = None) -> str:
         """A chat with this page's assistant at its latest version; on the demo page `system_prompt`
         (the visitor's) replaces the assistant's."""
-        model = self.client.info.name if self.client.info else ""
         a = self.assistant(request)
+        info = self.engine_for(a).info
+        model = info.name if info else ""
         prompt = system_prompt if self.demo and system_prompt else a["system_prompt"]
         return self.store.create_session(uid, system_prompt=prompt, model=model, assistant=a["assistant"],
                                          assistant_version=a["version"])
@@ -127,9 +137,10 @@ class ChatHandlers(TurnHandlers):
         ready = (gr.update(placeholder=DEMO_HINT) if self.demo
                  else gr.update(placeholder=a["greeting"] or None, examples=chips))
         outputs = (lambda chat: chat) if self.demo else (lambda chat: (chat, f"# {a['name']}"))
-        if self.client.state == "loading":
+        client = self.engine_for(a)
+        if client.state == "loading":
             yield outputs(gr.update(placeholder=say(request, "loading")))
-            await asyncio.to_thread(self.client.wait_ready, MODEL_WAIT_S)
+            await asyncio.to_thread(client.wait_ready, MODEL_WAIT_S)
         yield outputs(ready)
 
     @staticmethod

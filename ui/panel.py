@@ -23,8 +23,10 @@ PLOTS = (["running", "waiting", "preemptions"], ["prefill", "decode"], ["tokens_
 
 
 class PanelSampler:
-    def __init__(self, client: EngineClient, interval: float = 1.0, keep: int = 120) -> None:
-        self.client = client
+    def __init__(self, client: EngineClient, interval: float = 1.0, keep: int = 120, fleet=None) -> None:
+        """fleet: the deployment's engines (engine.fleet.ModelFleet); the panel samples the main one
+        (`client`) and names the others on the model line."""
+        self.client, self.fleet = client, fleet
         self.interval = interval
         self.latest: dict | None = None
         self.remote = False  # set once the client says it has no engine here to sample
@@ -37,9 +39,10 @@ class PanelSampler:
         latest sample."""
         self.ensure_running()
         snap, history = self.latest, list(self.history)
+        line = model_line(self.client) + others_line(self.fleet)
         if self.remote:
-            return (model_line(self.client), remote_html(self.client), "", *(series([], names) for names in PLOTS))
-        return (model_line(self.client), page_map_html(snap), memory_html(snap),
+            return (line, remote_html(self.client), "", *(series([], names) for names in PLOTS))
+        return (line, page_map_html(snap), memory_html(snap),
                 *(series(history, names) for names in PLOTS))
 
     def ensure_running(self) -> None:
@@ -171,6 +174,15 @@ def model_line(client: EngineClient) -> str:
     return (f"Model <b id='model-name'>{html.escape(info.name)}</b> · quantization {html.escape(info.quantization)}"
             f" · {html.escape(info.device)} · {html.escape(info.dtype)}"
             f" · <span id='tokens-per-char'>tokens per character: {ratios}</span>")
+
+
+def others_line(fleet) -> str:
+    """The models loaded beside the main one for assistants that name them, and their state."""
+    others = fleet.others() if fleet is not None else {}
+    if not others:
+        return ""
+    return " · <span id='other-models'>also serving assistants: " + ", ".join(
+        f"{html.escape(label)} ({html.escape(client.state)})" for label, client in others.items()) + "</span>"
 
 
 def remote_html(client: EngineClient) -> str:

@@ -41,18 +41,25 @@ def refusal_key(e: Exception) -> str | None:
 
 class TurnHandlers:
     """Mixed into ChatHandlers, whose attributes it uses: client, store, service (ui/chat.ChatService),
-    handoff, display, demo, and current() (the user and their chat)."""
+    handoff, display, demo, current() (the user and their chat) and engine_for() (the chat's engine)."""
 
-    def _params(self, uid: str, sid: str, sliders: tuple):
+    def _version(self, uid: str, sid: str) -> dict | None:
+        """The assistant version the chat started with (the customer chat; None on the demo page)."""
+        if self.demo:
+            return None
+        session = self.store.session(uid, sid)
+        if session is None:
+            raise Refusal("not_yours")
+        return self.store.assistant(session["assistant"], session["assistant_version"])
+
+    def _params(self, client, version: dict | None, sliders: tuple):
         """The demo page: the sliders' values over the model's own defaults. The customer chat: the
         sampling of the assistant version the chat started with. Refused while no model is loaded."""
-        info = self.client.info
+        info = client.info
         if info is None:
-            raise EngineDeadError(self.client.error or "the model is still loading")
-        if not self.demo:
-            session = self.store.session(uid, sid)
-            a = self.store.assistant(session["assistant"], session["assistant_version"])
-            return assistants.sampling_for(info, a)
+            raise EngineDeadError(client.error or "the model is still loading")
+        if version is not None:
+            return assistants.sampling_for(info, version)
         temperature, top_p, max_new, penalty = sliders
         return info.default_sampling(temperature=temperature, top_p=top_p, max_tokens=int(max_new),
                                      repetition_penalty=CHAT_REPETITION_PENALTY if penalty is None else penalty)
@@ -81,13 +88,15 @@ class TurnHandlers:
             if not self.demo and await asyncio.to_thread(self._for_person, uid, sid, text):
                 yield await self._shown(uid, sid), ""
                 return
-            if self.client.state == "loading":  # a fresh start: the message waits for the model, on screen
+            version = await asyncio.to_thread(self._version, uid, sid)
+            client = self.engine_for(version)
+            if client.state == "loading":  # a fresh start: the message waits for the model, on screen
                 history = await asyncio.to_thread(self.store.messages, uid, sid)
                 yield self.display(history) + [{"role": "user", "content": text_of({"role": "user", "content": text})},
                                                {"role": "assistant", "content": f"*{say(request, 'loading')}*"}], ""
-                await asyncio.to_thread(self.client.wait_ready, MODEL_WAIT_S)
-            params = await asyncio.to_thread(self._params, uid, sid, (temp, p, max_new, penalty))
-            turn = self.service.turn(uid, sid, text, params, request.session_hash)
+                await asyncio.to_thread(client.wait_ready, MODEL_WAIT_S)
+            params = self._params(client, version, (temp, p, max_new, penalty))
+            turn = self.service.turn(uid, sid, text, params, request.session_hash, client=client)
             async with contextlib.aclosing(turn):
                 async for messages, _ in turn:
                     yield messages, ""
@@ -141,8 +150,10 @@ class TurnHandlers:
                 gr.Warning(say(request, "person_busy"))
                 yield await self._shown(uid, sid)
                 return
-            params = await asyncio.to_thread(self._params, uid, sid, (temp, p, max_new, penalty))
-            turn = self.service.turn(uid, sid, "", params, request.session_hash, regenerate=True)
+            version = await asyncio.to_thread(self._version, uid, sid)
+            client = self.engine_for(version)
+            params = self._params(client, version, (temp, p, max_new, penalty))
+            turn = self.service.turn(uid, sid, "", params, request.session_hash, regenerate=True, client=client)
             async with contextlib.aclosing(turn):
                 async for messages, _ in turn:
                     yield messages

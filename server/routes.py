@@ -49,6 +49,7 @@ def create_app(client: EngineClient, *, credentials: Credentials | None = None, 
     app.add_middleware(BodySizeLimitMiddleware, limit=max_request_bytes)
     app.add_middleware(RequestIdMiddleware)
     app.state.client = client
+    app.state.others = dict  # () -> served name -> another model's engine (app.py: engine.fleet's, by name)
     app.state.settings = Settings(credentials or Credentials(), limiter or UserLimiter(0), served_model_name, log_text,
                                   private_metrics)
     app.include_router(router)
@@ -100,11 +101,23 @@ async def holding(stream, release):
         release()
 
 
-def check_model(request: Request, info: ModelInfo, name: str | None) -> None:
+def serving(request: Request, name: str | None) -> tuple[EngineClient, ModelInfo, str]:
+    """(engine, its model's facts, the name answers carry) for a request's `model`: the main model
+    when it names it or nothing, else another model loaded for an assistant (engine.fleet), by its
+    name. 404 for a name the server does not serve, 503 while the model loads."""
+    others = request.app.state.others()
+    if name and name in others:
+        client = others[name]
+        if not client.ready or client.info is None:
+            raise APIError(503, client.error or f"the model {name} is still loading", "service_unavailable")
+        return client, client.info, name
+    info = model_info(request)
     served = served_name(request, info)
     if name and name != served:
-        raise APIError(404, f"The model `{name}` does not exist; this server serves `{served}`.",
+        known = ", ".join(f"`{n}`" for n in [served, *others])
+        raise APIError(404, f"The model `{name}` does not exist; this server serves {known}.",
                        "NotFoundError", "model", "model_not_found")
+    return engine_client(request), info, served
 
 
 # ---- routes -------------------------------------------------------------------------------
@@ -133,14 +146,15 @@ async def metrics(request: Request):
 @router.get("/v1/models", dependencies=guarded)
 async def models(request: Request):
     info = model_info(request)
-    return {"object": "list", "data": [{"id": served_name(request, info), "object": "model", "created": now(),
-                                        "owned_by": "pagedchat", "max_model_len": info.max_model_len}]}
+    loaded = {served_name(request, info): info, **{name: c.info for name, c in request.app.state.others().items()
+                                                   if c.ready and c.info is not None}}
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": now(), "owned_by": "pagedchat",
+                                        "max_model_len": i.max_model_len} for name, i in loaded.items()]}
 
 
 @router.post("/tokenize", dependencies=guarded)
 async def tokenize(body: TokenizeRequest, request: Request):
-    info = model_info(request)
-    check_model(request, info, body.model)
+    _, info, _ = serving(request, body.model)
     if body.messages is not None:
         ids = await asyncio.to_thread(render_chat, info, body)
     elif body.prompt is not None:
@@ -152,8 +166,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
 
 @router.post("/detokenize", dependencies=guarded)
 async def detokenize(body: DetokenizeRequest, request: Request):
-    info = model_info(request)
-    check_model(request, info, body.model)
+    _, info, _ = serving(request, body.model)
     if any(t < 0 or t >= info.vocab_size for t in body.tokens):
         raise bad_request(f"token ids must be in [0, {info.vocab_size})", "tokens")
     return {"prompt": info.tokenizer.decode(body.tokens)}
@@ -161,17 +174,16 @@ async def detokenize(body: DetokenizeRequest, request: Request):
 
 @router.post("/v1/chat/completions", dependencies=guarded)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    info = model_info(request)
-    check_model(request, info, body.model)
+    client, info, name = serving(request, body.model)
     ids = await asyncio.to_thread(render_chat, info, body)
     params = sampling(info, body, ids)
     tools = body.tool_plan is not None and body.tool_plan.grammar is not None
-    rid, created, name = new_id("chatcmpl"), now(), served_name(request, info)
+    rid, created = new_id("chatcmpl"), now()
     on_finish = finish_logger(request, len(ids), body.messages)
     release = take_slot(request)
-    stream = holding(engine_client(request).generate(ids, params, request_id=rid, priority=body.priority,
-                                                     session_id=request.headers.get("x-session-id"),
-                                                     cache_salt=body.cache_salt), release)
+    stream = holding(client.generate(ids, params, request_id=rid, priority=body.priority,
+                                     session_id=request.headers.get("x-session-id"), cache_salt=body.cache_salt),
+                     release)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse(chat_events(await started(stream), rid, name, created, len(ids), include_usage,
@@ -196,8 +208,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 
 @router.post("/v1/completions", dependencies=guarded)
 async def completions(body: CompletionRequest, request: Request):
-    info = model_info(request)
-    check_model(request, info, body.model)
+    client, info, name = serving(request, body.model)
     prompts = [p if isinstance(p, list) else await asyncio.to_thread(info.tokenizer.encode, p)
                for p in body.prompts()]
     if not prompts:
@@ -205,8 +216,7 @@ async def completions(body: CompletionRequest, request: Request):
     if body.stream and len(prompts) != 1:
         raise bad_request("streaming takes a single prompt", "prompt")
     params = [sampling(info, body, ids) for ids in prompts]
-    rid, created, name = new_id("cmpl"), now(), served_name(request, info)
-    client, session = engine_client(request), request.headers.get("x-session-id")
+    rid, created, session = new_id("cmpl"), now(), request.headers.get("x-session-id")
 
     def generate(i: int):
         return client.generate(prompts[i], params[i], request_id=rid if body.stream else f"{rid}-{i}",

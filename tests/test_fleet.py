@@ -141,6 +141,7 @@ def test_two_models_in_one_process_each_answers_its_assistants_chats(tiny_chat_m
 
     from app import build_app, parse_args
     from tests.serving import LiveServer, logins_file
+    from tests.test_crash import keys_file
 
     other = str(tmp_path / "tiny-other")
     shutil.copytree(tiny_chat_model, other)
@@ -149,7 +150,8 @@ def test_two_models_in_one_process_each_answers_its_assistants_chats(tiny_chat_m
     assistants.save(Store(db), "second", {"name": "Second desk", "system_prompt": "You are the second desk.",
                                           "model": "tiny-other", "sampling": {"max_tokens": 24}}, "test")
     args = parse_args(["--db", db, "--model", tiny_chat_model, "--dtype", "float32", "--num-kv-blocks", "256",
-                       "--models", other, "--auth-file", logins_file(tmp_path, a="pw", b="pw", c="pw", d="pw")])
+                       "--models", other, "--auth-file", logins_file(tmp_path, a="pw", b="pw", c="pw", d="pw"),
+                       "--api-key-file", keys_file(tmp_path)])
     app, llm = build_app(args)
     fleet = app.state.fleet
     try:
@@ -172,6 +174,26 @@ def test_two_models_in_one_process_each_answers_its_assistants_chats(tiny_chat_m
                 models.setdefault(assistant, set()).add(model)
             assert models == {"second": {"tiny-other"}, assistants.DEFAULT_SLUG: {llm.info.name}}
             assert b'model_name="tiny-other"' in second.metrics_text()
+
+            import openai  # the API serves it too, by name (the official client, as a program would)
+
+            api = openai.OpenAI(base_url=f"{server.url}/v1", api_key="sk-test-00001")
+            assert {m.id for m in api.models.list()} == {llm.info.name, "tiny-other"}
+            before = (finished(second), finished(llm))
+            answer = api.chat.completions.create(model="tiny-other", max_tokens=8,
+                                                 messages=[{"role": "user", "content": "Hello"}])
+            assert answer.model == "tiny-other" and answer.usage.completion_tokens > 0
+            assert (finished(second), finished(llm)) == (before[0] + 1, before[1])  # the second engine ran it
+            with pytest.raises(openai.NotFoundError, match="tiny-other"):
+                api.completions.create(model="no-such-model", prompt="Hi", max_tokens=4)
             assert second.snapshot()["stats"]["num_running"] == 0  # both finished; nothing left stepping
     finally:
         fleet.shutdown()
+
+
+def finished(client) -> float:
+    """Requests the engine finished, from its Prometheus text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(sample.value for family in text_string_to_metric_families(client.metrics_text().decode())
+               for sample in family.samples if sample.name == "vllm:request_success_total")

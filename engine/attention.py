@@ -41,7 +41,8 @@ class AttentionMetadata:
     # as a one-token sequence over its own prefix:
     row_block_tables: torch.Tensor | None = None  # [R, max_blocks], padded with block 0
     row_seq_lens: torch.Tensor | None = None  # [R] tokens each row attends to
-    row_mask: torch.Tensor | None = None  # torch path only, made by the first layer that needs it
+    row_masks: dict = field(default_factory=dict)  # torch path only: window (None: all) -> the rows' mask
+    row_starts: dict = field(default_factory=dict)  # window -> [R] each row's first token in the window
     prefills: list[PrefillSeq] = field(default_factory=list)  # the other prompt chunks (SDPA)
     shared: SharedPrefix | None = None  # rows whose tables start with the same blocks (C kernel path)
     kernel_threads: int | None = None  # the C decode kernel's threads (None: cpu_kernels.threads())
@@ -164,6 +165,18 @@ def key_pairs(keys: torch.Tensor) -> torch.Tensor:
     return keys.reshape(*lead, bs, Hkv, D // 2, 2).permute(*range(n), n + 1, n + 2, n, n + 3).contiguous()
 
 
+def layer_window(cfg, index: int) -> int | None:
+    """Layer `index`'s sliding window from its transformers config: every layer's for Mistral
+    (`sliding_window`), the "sliding_attention" layers' where the config lists `layer_types` (Qwen2
+    and Qwen3 with use_sliding_window, which leave `sliding_window` None without it); None: the layer
+    attends to every earlier token."""
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if not window or (types is not None and types[index] != "sliding_attention"):
+        return None
+    return int(window)
+
+
 _current: AttentionMetadata | None = None
 
 
@@ -184,10 +197,13 @@ def decode_rows() -> int | None:
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                 window: int | None = None) -> None:
+        """window: a sliding window (Mistral; Qwen2's and Gemma's local layers): each token attends
+        to the last `window` tokens, itself included (transformers: kv > q - window); None: all."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = scale
+        self.scale, self.window = scale, window
         self.k_cache = torch.empty(0)  # kv_cache_shapes, bound by the runner
         self.v_cache = torch.empty(0)
         self._prefix: tuple = (None, None, None)  # (content, keys, values) of the last shared prefix
@@ -224,22 +240,37 @@ class PagedAttention(nn.Module):
         """Attention of the rows attended one by one (meta.row_*), written into `out` when given (the
         C kernel writes there directly, and reads q's rows where they lie: no copies)."""
         out = q.new_empty(q.shape) if out is None else out
+        starts = self._starts(meta)
         if self.kernels and cpu_kernels.supports(q):
-            prefix = self._cascade_prefix(q, meta) if meta.shared is not None else None
+            if starts is not None:  # a window: no cascade (the shared prefix falls out of it)
+                prefix = (starts, None, None, None)
+            else:
+                prefix = self._cascade_prefix(q, meta) if meta.shared is not None else None
             return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.row_block_tables,
                                                       meta.row_seq_lens, self.scale, out, prefix=prefix,
                                                       threads=meta.kernel_threads)
         B, nb = meta.row_block_tables.shape
         bs = self.v_cache.shape[1]
-        if meta.row_mask is None:  # the C kernel stops at each length itself and needs no mask
-            valid = torch.arange(nb * bs, device=q.device) < meta.row_seq_lens.unsqueeze(1)
-            meta.row_mask = valid[:, None, None, :]
+        if self.window not in meta.row_masks:  # the C kernel stops at each length itself and needs no mask
+            tokens = torch.arange(nb * bs, device=q.device)
+            valid = tokens < meta.row_seq_lens.unsqueeze(1)
+            if starts is not None:
+                valid &= tokens >= starts.unsqueeze(1)
+            meta.row_masks[self.window] = valid[:, None, None, :]
         keys = key_rows(self.k_cache[meta.row_block_tables]).view(B, nb * bs, self.num_kv_heads, self.head_dim)
         values = self.v_cache[meta.row_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
         o = F.scaled_dot_product_attention(
             q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=meta.row_mask, scale=self.scale, enable_gqa=True)
+            attn_mask=meta.row_masks[self.window], scale=self.scale, enable_gqa=True)
         return out.copy_(o.squeeze(2))
+
+    def _starts(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        """Each row's first token inside this layer's window (None without one), once per step."""
+        if self.window is None:
+            return None
+        if self.window not in meta.row_starts:
+            meta.row_starts[self.window] = (meta.row_seq_lens - self.window).clamp(min=0)
+        return meta.row_starts[self.window]
 
     def _cascade_prefix(self, q: torch.Tensor, meta: AttentionMetadata) -> tuple:
         """The cascade: the shared prefix is read once for all the rows that share it (one matrix
@@ -255,14 +286,20 @@ class PagedAttention(nn.Module):
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: PrefillSeq) -> torch.Tensor:
         qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
-        if seq.ctx_len == seq.q_len:  # nothing cached before this chunk: plain causal attention
+        if seq.ctx_len == seq.q_len and self.window is None:  # nothing cached before: plain causal attention
             keys, values, mask, causal = k, v, None, True
         else:
-            keys = key_rows(self.k_cache[seq.block_ids]).flatten(0, 1)[:seq.ctx_len]
-            values = self.v_cache[seq.block_ids].flatten(0, 1)[:seq.ctx_len]
+            if seq.ctx_len == seq.q_len:
+                keys, values = k, v
+            else:
+                keys = key_rows(self.k_cache[seq.block_ids]).flatten(0, 1)[:seq.ctx_len]
+                values = self.v_cache[seq.block_ids].flatten(0, 1)[:seq.ctx_len]
             offset = seq.ctx_len - seq.q_len
             rows = torch.arange(seq.q_len, device=q.device).unsqueeze(1) + offset
-            mask = torch.arange(seq.ctx_len, device=q.device).unsqueeze(0) <= rows
+            tokens = torch.arange(seq.ctx_len, device=q.device).unsqueeze(0)
+            mask = tokens <= rows
+            if self.window is not None:
+                mask &= tokens > rows - self.window
             causal = False
         o = F.scaled_dot_product_attention(
             qt, keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),

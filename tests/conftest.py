@@ -57,7 +57,8 @@ def tokenizer_dir(tmp_path_factory, smol_parts):
     return path
 
 
-TINY_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+TINY_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mistral-window", "qwen2-window")
+WINDOW = 8  # the "-window" archs' sliding window: half a block, so windows start inside blocks
 
 
 def tiny_config(arch: str, vocab_size: int):
@@ -71,8 +72,12 @@ def tiny_config(arch: str, vocab_size: int):
                            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
     if arch == "mistral":
         return MistralConfig(**common, head_dim=16, sliding_window=None)
+    if arch == "mistral-window":
+        return MistralConfig(**common, head_dim=16, sliding_window=WINDOW)
     if arch == "qwen2":
         return Qwen2Config(**common)
+    if arch == "qwen2-window":  # layer 0 attends to all, layer 1 to its window
+        return Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
     return Qwen3Config(**common, head_dim=32)
 
 

@@ -22,14 +22,15 @@ def reference(q, keys, values, scale):
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 @pytest.mark.parametrize("D", [64, 80])  # 64: the kernel's vectorised paths (bf16 or fp32); 80: its generic one
 @pytest.mark.parametrize("H, Hkv", [(8, 2), (9, 3), (6, 6), (14, 2)])  # 4, 3, 1, 7 (4 + 3) query rows per kv head
-def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv, monkeypatch):
+@pytest.mark.parametrize("window", [None, 5, 21])  # sliding windows that start inside a block
+def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv, window, monkeypatch):
     if path == "kernel" and not cpu_kernels.available():
         pytest.skip("no C compiler")
     if path == "torch":
         monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
     gen = torch.Generator().manual_seed(0)
     num_blocks = 40
-    attn = PagedAttention(H, Hkv, D, D ** -0.5)
+    attn = PagedAttention(H, Hkv, D, D ** -0.5, window)
     attn.k_cache = key_pairs(torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype))
     attn.v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
     lens = [1, block_size, 3 * block_size + 5, 7]
@@ -47,7 +48,8 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv,
     q = qkv[:, :H * D].view(len(lens), H, D)  # strided rows, as the fused projection leaves them
     out = attn._decode(q, meta)
     for i, n in enumerate(lens):
-        slots = torch.tensor([int(table[i, t // block_size]) * block_size + t % block_size for t in range(n)])
+        first = max(0, n - window) if window else 0  # the last `window` tokens, the row's own included
+        slots = torch.tensor([int(table[i, t // block_size]) * block_size + t % block_size for t in range(first, n)])
         keys = key_rows(attn.k_cache).view(-1, Hkv, D)[slots]
         values = attn.v_cache.view(-1, Hkv, D)[slots]
         ref = reference(q[i], keys, values, D ** -0.5)
@@ -269,7 +271,8 @@ def test_rotary_kernel_equals_the_torch_ops_on_strided_qkv_views(dtype, monkeypa
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("cached", [0, 37])  # a first chunk, and one over cached tokens
-def test_prefill_chunk_matches_reference(dtype, tol, block_size, cached):
+@pytest.mark.parametrize("window", [None, 6])
+def test_prefill_chunk_matches_reference(dtype, tol, block_size, cached, window):
     """A prefill chunk attends causally: token i of the chunk sees the cached tokens (read through
     its block table) and the chunk's tokens up to itself."""
     from engine.attention import PrefillSeq
@@ -277,7 +280,7 @@ def test_prefill_chunk_matches_reference(dtype, tol, block_size, cached):
     gen = torch.Generator().manual_seed(6)
     H, Hkv, D, num_blocks, q_len = 9, 3, 64, 24, 21
     ctx = cached + q_len
-    attn = PagedAttention(H, Hkv, D, D ** -0.5)
+    attn = PagedAttention(H, Hkv, D, D ** -0.5, window)
     attn.k_cache = key_pairs(torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype))
     attn.v_cache = torch.randn(num_blocks, block_size, Hkv, D, generator=gen).to(dtype)
     blocks = torch.randperm(num_blocks, generator=gen)[:-(-ctx // block_size)]
@@ -286,5 +289,6 @@ def test_prefill_chunk_matches_reference(dtype, tol, block_size, cached):
     q = torch.randn(q_len, H, D, generator=gen).to(dtype)
     out = attn._prefill(q, keys[cached:], values[cached:], PrefillSeq(0, q_len, ctx, blocks))
     for i in range(q_len):
-        ref = reference(q[i], keys[:cached + i + 1], values[:cached + i + 1], D ** -0.5)
+        first = max(0, cached + i + 1 - window) if window else 0
+        ref = reference(q[i], keys[first:cached + i + 1], values[first:cached + i + 1], D ** -0.5)
         assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item()), i

@@ -14,8 +14,9 @@
  *   block_tables  [B, max_blocks] int64, seq_lens [B] int64
  * dtype: 0 = float32, 1 = bfloat16 (q, cache and out share it).
  *
- * Cascade (a shared prefix attended elsewhere, once for all): with `starts` [B] int64 (multiples of
- * block_size), sequence b attends to tokens [starts[b], seq_lens[b]) only; where prefix_row[b] >= 0,
+ * With `starts` [B] int64, sequence b attends to tokens [starts[b], seq_lens[b]) only: a sliding
+ * window (any token), or the cascade (a shared prefix attended elsewhere, once for all: multiples of
+ * block_size). Where prefix_row[b] >= 0,
  * its result is merged exactly with the prefix's partial: prefix_out[prefix_row[b]] ([H, D] fp32,
  * normalised) and prefix_lse[prefix_row[b]] ([H], the log of its softmax denominator).
  */
@@ -169,6 +170,8 @@ static inline void load_span(const void *base, int64_t offset, int n, int dtype,
 static int attend(const void *q, const void *k_cache, const void *v_cache, void *out, const float *prefix_out,
                   const float *prefix_lse, const int64_t *table, int64_t start, int64_t end, int h0, int h1, int H,
                   int Hkv, int D, int block_size, float scale, int dtype) {
+    const int64_t skip = start % block_size; /* a window's first token may lie inside its block: the */
+    start -= skip;                           /* block is walked whole, its earlier tokens scored out */
     const int64_t L = end - start;
     table += start / block_size;
     const int G = H / Hkv, nh = h1 - h0, R = nh * G; /* query rows handled here */
@@ -206,6 +209,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     float sums[256], maxes[256];
     for (int r = 0; r < R; r++) { /* softmax of each row */
         float *sr = scores + (size_t)r * L, m = -INFINITY, sum = 0.f;
+        for (int64_t t = 0; t < skip; t++) sr[t] = -INFINITY; /* before the window: weight 0 */
         for (int64_t t = 0; t < L; t++) m = sr[t] > m ? sr[t] : m;
         for (int64_t t = 0; t < L; t++) { sr[t] = exp_f32(sr[t] - m); sum += sr[t]; }
         sums[r] = sum;

@@ -1,18 +1,19 @@
-"""The Llama family in one implementation: Llama, Mistral, SmolLM, Qwen2 (qkv bias), Qwen3
-(q/k RMSNorm). Input is a flat batch of tokens; attention goes through the paged KV cache."""
+"""The Llama family in one implementation: Llama, Mistral (sliding window), SmolLM, Qwen2 (qkv
+bias; sliding window on its upper layers with use_sliding_window), Qwen3 (q/k RMSNorm). Input is a
+flat batch of tokens; attention goes through the paged KV cache."""
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from engine.attention import PagedAttention
+from engine.attention import PagedAttention, layer_window
 from engine.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 from engine.linear import Linear
 from engine.models.registry import register_model
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg, rotary: RotaryEmbedding, window: int | None = None) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
@@ -29,7 +30,7 @@ class LlamaAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, window)
         self.split = [q_size, kv_size, kv_size]
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -57,10 +58,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg, rotary: RotaryEmbedding, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, rotary)
+        self.self_attn = LlamaAttention(cfg, rotary, layer_window(cfg, index))
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
@@ -81,7 +82,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         rotary = RotaryEmbedding(cfg, head_dim, max_positions)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -198,16 +198,19 @@ def decode_rows() -> int | None:
 
 class PagedAttention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                 window: int | None = None) -> None:
+                 window: int | None = None, softcap: float | None = None) -> None:
         """window: a sliding window (Mistral; Qwen2's and Gemma's local layers): each token attends
-        to the last `window` tokens, itself included (transformers: kv > q - window); None: all."""
+        to the last `window` tokens, itself included (transformers: kv > q - window); None: all.
+        softcap: scores become softcap * tanh(score / softcap) (Gemma 2); such a layer takes the
+        torch path by hand (neither our kernels nor SDPA cap)."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale, self.window = scale, window
+        self.scale, self.window, self.softcap = scale, window, softcap
         self.k_cache = torch.empty(0)  # kv_cache_shapes, bound by the runner
         self.v_cache = torch.empty(0)
         self._prefix: tuple = (None, None, None)  # (content, keys, values) of the last shared prefix
-        self.kernels = cpu_kernels.serves_here()  # the C path's availability, asked once
+        self.kernels = cpu_kernels.serves_here() and softcap is None  # the C path's availability, asked once
+        self.stores = cpu_kernels.serves_here()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
@@ -227,7 +230,7 @@ class PagedAttention(nn.Module):
     def _store(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """The new tokens' K/V into their slots of the block pool."""
         caches = self.k_cache.is_contiguous() and self.v_cache.is_contiguous()
-        if self.kernels and cpu_kernels.supports(k) and k.dtype == self.k_cache.dtype == v.dtype and caches \
+        if self.stores and cpu_kernels.supports(k) and k.dtype == self.k_cache.dtype == v.dtype and caches \
                 and cpu_kernels.heads_contiguous(k) and cpu_kernels.heads_contiguous(v):
             cpu_kernels.kv_store(k, v, self.k_cache, self.v_cache, slots)  # one call, no copies of the views
             return
@@ -259,10 +262,23 @@ class PagedAttention(nn.Module):
             meta.row_masks[self.window] = valid[:, None, None, :]
         keys = key_rows(self.k_cache[meta.row_block_tables]).view(B, nb * bs, self.num_kv_heads, self.head_dim)
         values = self.v_cache[meta.row_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=meta.row_masks[self.window], scale=self.scale, enable_gqa=True)
+        o = self._sdpa(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), meta.row_masks[self.window])
         return out.copy_(o.squeeze(2))
+
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+              causal: bool = False) -> torch.Tensor:
+        """SDPA of q [B, H, Lq, D] over k, v [B, Hkv, Lk, D]; with a softcap, the same by hand."""
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale,
+                                                  enable_gqa=True)
+        G = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(G, dim=1).float(), v.repeat_interleave(G, dim=1).float()
+        scores = torch.tanh(q.float() @ k.transpose(-1, -2) * (self.scale / self.softcap)) * self.softcap
+        if causal:
+            mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril(k.shape[2] - q.shape[2])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return (scores.softmax(-1) @ v).to(q.dtype)
 
     def _starts(self, meta: AttentionMetadata) -> torch.Tensor | None:
         """Each row's first token inside this layer's window (None without one), once per step."""
@@ -301,7 +317,5 @@ class PagedAttention(nn.Module):
             if self.window is not None:
                 mask &= tokens > rows - self.window
             causal = False
-        o = F.scaled_dot_product_attention(
-            qt, keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
-            attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True)
+        o = self._sdpa(qt, keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0), mask, causal)
         return o.squeeze(0).transpose(0, 1)

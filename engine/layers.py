@@ -49,9 +49,11 @@ class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding (rotate halves), cos/sin cached per position. inv_freq comes
     from transformers' RoPE functions, so every scaling type a config declares is honoured."""
 
-    def __init__(self, hf_config, head_dim: int, max_positions: int) -> None:
+    def __init__(self, hf_config, head_dim: int, max_positions: int, layer_type: str | None = None) -> None:
+        """layer_type: which of the config's per-layer-type RoPE settings (Gemma 3's local and global
+        layers); None where the config has one setting for all."""
         super().__init__()
-        inv_freq, attention_scaling = _rope_inv_freq(hf_config, head_dim)
+        inv_freq, attention_scaling = _rope_inv_freq(hf_config, head_dim, layer_type)
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
         # Plain attributes, not buffers: they stay fp32 when the model is cast to bf16.
@@ -79,15 +81,40 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def _rope_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
+def _rope_inv_freq(hf_config, head_dim: int, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     params = getattr(hf_config, "rope_parameters", None) or {}
+    if layer_type is not None:
+        params = params[layer_type]
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type != "default":
         if rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(f"unsupported rope_type {rope_type!r}")
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+        by_type = {"layer_type": layer_type} if layer_type is not None else {}
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"), **by_type)
         return inv_freq.float(), float(scaling)
     base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
     return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)), 1.0
+
+
+class GeluAndMul(nn.Module):
+    """GeGLU (Gemma): gelu(gate) * up with gelu's tanh approximation (`gelu_pytorch_tanh`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+
+class OffsetRMSNorm(RMSNorm):
+    """Gemma's RMSNorm, which scales by (1 + weight): the checkpoint's weight is stored plus one at
+    load, so the forward (and its C kernel) stay RMSNorm's."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__(size, eps)
+        self.weight.weight_loader = _plus_one
+
+
+def _plus_one(param: nn.Parameter, tensor: torch.Tensor, shard_id=None) -> None:
+    with torch.no_grad():
+        param.copy_(tensor.float() + 1)

@@ -57,16 +57,16 @@ def tokenizer_dir(tmp_path_factory, smol_parts):
     return path
 
 
-TINY_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mistral-window", "qwen2-window")
+TINY_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "mistral-window", "qwen2-window", "gemma2", "gemma3")
 WINDOW = 8  # the "-window" archs' sliding window: half a block, so windows start inside blocks
 
 
 def tiny_config(arch: str, vocab_size: int):
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  rms_norm_eps=1e-6, tie_word_embeddings=arch in ("qwen2", "qwen3"))
+                  rms_norm_eps=1e-6, tie_word_embeddings=arch in ("qwen2", "qwen3", "gemma2", "gemma3"))
     if arch == "llama":
         return LlamaConfig(**common, head_dim=16,
                            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0})
@@ -78,6 +78,15 @@ def tiny_config(arch: str, vocab_size: int):
         return Qwen2Config(**common)
     if arch == "qwen2-window":  # layer 0 attends to all, layer 1 to its window
         return Qwen2Config(**common, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1)
+    if arch == "gemma2":  # layer 0 local (a window), layer 1 global; scores and logits softcapped
+        return Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+                            attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    if arch == "gemma3":  # local and global layers with their own RoPE (10k / 1M, linear scaling x2)
+        return Gemma3TextConfig(**common, head_dim=16, query_pre_attn_scalar=16, sliding_window=WINDOW,
+                                layer_types=["sliding_attention", "full_attention"],
+                                rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                                 "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                                                    "rope_theta": 1000000.0}})
     return Qwen3Config(**common, head_dim=32)
 
 
@@ -99,6 +108,8 @@ def tiny_model(tmp_path_factory, tokenizer_dir):
                 for p in model.parameters():
                     if p.dim() == 2:
                         p.normal_(0, std)
+                    elif arch.startswith("gemma"):  # its norms scale by 1 + w: make w matter
+                        p.normal_(0, 0.3)
             path = tmp_path_factory.mktemp(f"tiny-{arch}")
             model.save_pretrained(path)
             tok.save_pretrained(path)

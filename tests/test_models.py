@@ -77,3 +77,23 @@ def test_greedy_equals_transformers_generate(smol32, hf_smol):
                                eos_token_id=None, pad_token_id=tok.eos_token_id)[0, len(prompt_ids):].tolist()
     ours = smol32.generate([prompt_ids], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))[0]
     assert ours.outputs[0].token_ids == ref
+
+
+@pytest.mark.parametrize("arch", ["mistral-window", "qwen2-window", "gemma2", "gemma3"])
+def test_windows_and_gemma_generate_what_transformers_generates(arch, tiny_model):
+    """Greedy through the whole engine (scheduler, chunked prefill, prefix cache, decode steps),
+    with prompts longer than the window of 8 and a second prompt sharing the first's blocks."""
+    path, hf_model = tiny_model(arch)
+    llm = LLM(path, dtype="float32", num_kv_blocks=64, block_size=16, max_num_batched_tokens=24)
+    gen = torch.Generator().manual_seed(3)
+    first = [int(t) for t in torch.randint(0, hf_model.config.vocab_size, (40,), generator=gen)]
+    prompts = [first, first[:32] + [int(t) for t in torch.randint(0, hf_model.config.vocab_size, (9,), generator=gen)]]
+    ours = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    for prompt, out in zip(prompts, ours):
+        with torch.no_grad():
+            ids = torch.tensor([prompt])
+            ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        assert out.outputs[0].token_ids == ref
+    assert ours[1].num_cached_tokens >= 32  # the second prompt found the first's blocks cached
+    llm.engine.check_integrity()

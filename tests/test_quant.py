@@ -215,6 +215,80 @@ def test_gguf_q4_blocks_equal_the_file_dequantized(smol_parts):
         assert torch.allclose(deq, state[name], atol=1e-6), name  # same values, permutation undone
 
 
+def q4_k_tensor(rows: int, cols: int, seed: int = 0, d: float = 3e-2):
+    """A GGUF Q4_K tensor as GGUFReader gives it (raw bytes [rows, cols / 256 * 144]): random
+    nibbles and 6-bit scales and mins (any bytes are valid there), finite fp16 d and dmin."""
+    import types
+
+    import numpy as np
+    from gguf import GGMLQuantizationType
+
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, 144), dtype=np.uint8)
+    blocks[:, 0:2] = rng.uniform(d / 30, d, size=(len(blocks), 1)).astype(np.float16).view(np.uint8)
+    blocks[:, 2:4] = rng.uniform(d / 30, d, size=(len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return types.SimpleNamespace(data=blocks.reshape(rows, -1), tensor_type=GGMLQuantizationType.Q4_K)
+
+
+def test_gguf_q4_k_blocks_stay_packed_and_equal_the_reference_dequantizer():
+    """Q4_K (what Q4_K_M files hold) kept 4-bit: its super-blocks become groups of 32 of our int4
+    kernel, equal to the gguf package's dequantization of the same bytes; the kernel's product
+    equals the dense one."""
+    from gguf.quants import dequantize
+
+    from engine.checkpoint.gguf import _packed_from_blocks
+
+    t = q4_k_tensor(64, 512)
+    packed = _packed_from_blocks(t, None)
+    reference = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32"))
+    assert packed.group == 32 and packed.q.shape == (64, 512) and int(packed.q.max()) <= 15
+    assert torch.allclose(packed.dequantize(), reference, rtol=1e-6, atol=1e-6)
+    weight = Int4Weight(packed.q, packed.scales, packed.zeros, 32, torch.bfloat16, keep_dense=False)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2)).bfloat16()
+    assert rel(weight.matmul(x), F.linear(x.float(), reference)) < 2e-2
+
+
+def gguf_with_q4_k_ffn_down(path: str) -> None:
+    """The embedded model's GGUF with every layer's ffn_down (1536 inputs: six super-blocks a row)
+    replaced by random Q4_K blocks; metadata and the other tensors copied as they are."""
+    import gguf
+
+    reader = gguf.GGUFReader(default_model_path())
+    writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name != "general.architecture" and not field.name.startswith("GGUF."):
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    tensors = [(t.name, q4_k_tensor(576, 1536, i, d=2e-4).data if t.name.endswith("ffn_down.weight") else t.data,
+                gguf.GGMLQuantizationType.Q4_K if t.name.endswith("ffn_down.weight") else t.tensor_type)
+               for i, t in enumerate(reader.tensors)]
+    for name, data, kind in tensors:
+        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, data, _ in tensors:
+        writer.write_tensor_data(data)
+    writer.close()
+
+
+@pytest.mark.e2e
+def test_a_gguf_with_q4_k_tensors_runs_them_packed(tmp_path):
+    """A file holding Q4_K tensors loads them into the int4 kernel (no dense copy where int8 rows
+    take every row) and computes what the same file dequantized computes."""
+    path = str(tmp_path / "smollm2-q4_k.gguf")
+    gguf_with_q4_k_ffn_down(path)
+    packed = LLM(path, dtype="bfloat16", num_kv_blocks=32)
+    dense = LLM(path, dtype="bfloat16", quantization="none", num_kv_blocks=32)
+    x = torch.randn(4, 1536, generator=torch.Generator().manual_seed(4)).bfloat16()
+    for layer in (0, 5, 29):  # (random weights make the whole model chaotic: compare layer by layer)
+        ours, theirs = (m.engine.model.model.layers[layer].mlp.down_proj for m in (packed, dense))
+        assert isinstance(ours.kernel, Int4Weight) and ours.kernel.K == 1536
+        assert rel(ours(x), theirs(x)) < 2e-2
+    out = packed.generate([list(range(200, 230))], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 8
+
+
 @pytest.mark.parametrize("mode", ["int4", "int8"])
 def test_quantized_tiny_model_close_to_dequantized_and_full_precision(mode, tiny_model):
     path, _ = tiny_model("llama", std=0.02)

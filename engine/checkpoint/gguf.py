@@ -1,6 +1,6 @@
 """GGUF weights read once with the `gguf` package: llama.cpp tensor names mapped to transformers
-names, llama.cpp's q/k row permutation undone, Q4 blocks kept packed when asked. (The config and
-tokenizer come from checkpoint/source.py.)"""
+names, llama.cpp's q/k row permutation undone, 4-bit blocks (Q4_0, Q4_1, Q4_K) kept packed when
+asked. (The config and tokenizer come from checkpoint/source.py.)"""
 from __future__ import annotations
 
 import re
@@ -18,7 +18,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_Q4_BLOCK_BYTES = {2: 18, 3: 20}  # GGMLQuantizationType Q4_0, Q4_1: bytes per block of 32 weights
+_Q4_BLOCK_BYTES = {2: 18, 3: 20, 12: 144}  # GGMLQuantizationType Q4_0, Q4_1 (32 weights), Q4_K (256)
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -39,8 +39,8 @@ def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tuple[str, torch.Tensor | Packed4]]:
-    """Every tensor once, under its transformers name: Q4_0 / Q4_1 tensors as Packed4 read from the
-    raw blocks when `keep_packed` (no float round trip), everything else dequantized to fp32."""
+    """Every tensor once, under its transformers name: Q4_0 / Q4_1 / Q4_K tensors as Packed4 read
+    from the raw blocks when `keep_packed` (no float round trip), everything else dequantized to fp32."""
     import gguf
     from gguf.quants import dequantize
 
@@ -61,22 +61,41 @@ def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tu
 
 
 def _packed_from_blocks(t, heads: int | None) -> Packed4:
-    """A Q4_0 / Q4_1 tensor in the int4 kernel's convention, straight from its blocks."""
+    """A Q4_0 / Q4_1 / Q4_K tensor in the int4 kernel's convention (groups of 32), straight from its blocks."""
     import gguf
 
-    q4_1 = t.tensor_type == gguf.GGMLQuantizationType.Q4_1
-    block = _Q4_BLOCK_BYTES[t.tensor_type]
-    rows = t.data.shape[0]
-    raw = np.ascontiguousarray(t.data).reshape(rows, -1, block)
-    d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, G]
-    if q4_1:
-        m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        zeros = m + 8 * d  # x = d*q + m  ==  (q - 8)*d + (m + 8d)
+    if t.tensor_type == gguf.GGMLQuantizationType.Q4_K:
+        q, d, zeros = _q4_k_groups(t.data)
     else:
-        zeros = np.zeros_like(d)  # x = d*(q - 8)
-    nibbles = raw[..., block - 16:]
-    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1).astype(np.int32)
+        block = _Q4_BLOCK_BYTES[t.tensor_type]
+        rows = t.data.shape[0]
+        raw = np.ascontiguousarray(t.data).reshape(rows, -1, block)
+        d = raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)  # [N, G]
+        if t.tensor_type == gguf.GGMLQuantizationType.Q4_1:
+            m = raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+            zeros = m + 8 * d  # x = d*q + m  ==  (q - 8)*d + (m + 8d)
+        else:
+            zeros = np.zeros_like(d)  # x = d*(q - 8)
+        nibbles = raw[..., block - 16:]
+        q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1).astype(np.int32)
     q, d, zeros = torch.from_numpy(q), torch.from_numpy(d), torch.from_numpy(zeros)
     if heads:
         q, d, zeros = (unpermute_rows(x, heads) for x in (q, d, zeros))
     return Packed4(q, d.T.contiguous(), zeros.T.contiguous(), None, 32)
+
+
+def _q4_k_groups(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K super-blocks (256 weights: fp16 d and dmin, eight 6-bit scales and mins, 4-bit q) as
+    groups of 32 in the int4 convention: x = d*sc*q - dmin*m == (q - 8)*scale + zero with
+    scale = d*sc, zero = 8*scale - dmin*m. Returns q [N, K] int32, scale and zero [N, K/32] fp32."""
+    from gguf.quants import Q4_K
+
+    rows = data.shape[0]
+    raw = np.ascontiguousarray(data).reshape(-1, 144)
+    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)  # [B, 1]
+    dmin = raw[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(raw[:, 4:16])  # [B, 8] each: the library's unpacking of the 6-bit fields
+    scale, low = d * sc.astype(np.float32), dmin * m.astype(np.float32)
+    qs = raw[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    q = (qs & 0x0F).reshape(rows, -1).astype(np.int32)  # group 2c: the low nibbles of 32 bytes, 2c+1 the high
+    return q, scale.reshape(rows, -1), (8 * scale - low).reshape(rows, -1)

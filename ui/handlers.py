@@ -24,12 +24,13 @@ from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import ChatService
 from ui.display import customer_display, display, feedback_values
 from ui.i18n import say
+from ui.person import PersonHandlers
 from ui.turns import MODEL_WAIT_S, TurnHandlers
 
 DEMO_HINT = "Ask the support assistant anything."
 
 
-class ChatHandlers(TurnHandlers):
+class ChatHandlers(TurnHandlers, PersonHandlers):
     def __init__(self, client: EngineClient, store, visitors: VisitorCookie | None = None,
                  limiter: UserLimiter | None = None, salt_by_user: bool = False, demo: bool = True,
                  fleet: ModelFleet | None = None) -> None:
@@ -220,35 +221,6 @@ class ChatHandlers(TurnHandlers):
         note = (f"Defaults for **{info.name}**: temperature {temperature:g} and top-p {top_p:g} from "
                 f"{info.sampling_source}; repetition penalty {penalty:g} from {where}.")
         return temperature, top_p, penalty, note
-
-    # ---- a person (the customer chat) ------------------------------------------------------
-    def ask_person(self, uid, sid, request: gr.Request):
-        """The "talk to a person" button: the chat waits for one; (status line, poll timer)."""
-        uid, sid = self.current(uid, sid, request)
-        self.handoff.ask(sid)
-        return self.person_status(uid, sid, request)
-
-    def person_status(self, uid, sid, request: gr.Request):
-        """(status line, poll timer): where the chat stands with a person; the timer runs while one
-        is involved, so their replies show without a reload."""
-        uid, sid = self.current(uid, sid, request)
-        s = self.handoff.state(sid)
-        if s["state"] == "waiting":
-            line = say(request, "waiting", place=s["place"])
-        elif s["state"] == "agent":
-            line = say(request, "with_agent", agent=s["agent"])
-        else:
-            line = ""
-        return gr.update(value=line, visible=bool(line)), gr.Timer(active=s["state"] != "assistant")
-
-    def poll(self, uid, sid, seen, request: gr.Request):
-        """Each second while a person is involved: (chatbot, status, timer, seen), the chatbot only
-        when a message came (`seen`: how many the tab shows)."""
-        uid, sid = self.current(uid, sid, request)
-        messages = self.store.messages(uid, sid)
-        status, timer = self.person_status(uid, sid, request)
-        changed = len(messages) != seen
-        return (self.display(messages) if changed else gr.update()), status, timer, len(messages)
 
     # ---- feedback -----------------------------------------------------------------------
     def rate(self, uid, sid, data: gr.LikeData, request: gr.Request):

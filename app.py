@@ -148,6 +148,7 @@ def build_app(args: argparse.Namespace):
     for a in store.assistants():  # the models assistants name load now, beside the main one
         fleet.client_for(a["model"])
     api.state.fleet = fleet
+    api.state.settings.health_checks["models"] = fleet.problems
     api.state.others = lambda: {c.info.name: c for c in fleet.others().values() if c.info is not None}
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted, fleet=fleet)
     app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N, **mount)

@@ -52,6 +52,12 @@ class ModelFleet:
         with self._lock:
             return dict(self._others)
 
+    def problems(self) -> str | None:
+        """Why an assistant's own model cannot answer (its load failed, its engine died), for /health."""
+        dead = [f"{label}: {client.error or 'not serving'}" for label, client in self.others().items()
+                if client.state == "dead"]
+        return "; ".join(dead) or None
+
     def every(self) -> list[EngineClient]:
         return [self.main, *self.others().values()]
 

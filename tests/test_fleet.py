@@ -41,6 +41,9 @@ def test_an_offered_model_gets_one_engine_started_when_first_named(engines):
     assert fleet.client_for("dropped-since") is engines.main  # no longer offered: the main model answers
     assert fleet.every() == [engines.main, other]
     assert "qwen-ko (ready)" in others_line(fleet)  # the console's model line names it
+    assert fleet.problems() is None
+    other.state, other.error = "dead", "model load failed: no such file"
+    assert fleet.problems() == "qwen-ko: model load failed: no such file"  # /health says degraded, and why
     with pytest.raises(ValueError, match="does not offer the model 'llama-70b'.*'qwen-ko'"):
         fleet.check("llama-70b")
     fleet.check("qwen-ko")

@@ -210,3 +210,24 @@ class EngineMetrics:
                  100 * s.prefix_cache_hit_rate, rate)
         self._last_log = now
         self._window = (now, s.generation_tokens_total)
+
+
+def merge_expositions(texts: list[bytes]) -> bytes:
+    """Several engines' Prometheus texts as one scrape (an assistant's own model beside the main one,
+    engine.fleet): each metric family once, with every engine's samples (told apart by model_name);
+    series equal in name and labels (the process's own, which every registry reports) kept once."""
+    families: dict[str, tuple[list[str], list[str]]] = {}
+    seen: set[str] = set()
+    name = ""
+    for text in texts:
+        for line in text.decode().splitlines():
+            if line.startswith("# HELP "):
+                name = line.split(" ", 3)[2]
+                families.setdefault(name, ([], []))
+            if line.startswith("#"):
+                if line not in families[name][0]:
+                    families[name][0].append(line)
+            elif line and line.rsplit(" ", 1)[0] not in seen:
+                seen.add(line.rsplit(" ", 1)[0])
+                families[name][1].append(line)
+    return "".join("\n".join(header + samples) + "\n" for header, samples in families.values()).encode()

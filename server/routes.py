@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engine.client import EngineClient, ModelInfo
 from engine.errors import ParameterError, parameter_of
+from engine.metrics import merge_expositions
 from engine.tool_calls import parse_reply
 from engine.tools import render
 from server.auth import Credentials
@@ -66,7 +67,8 @@ async def health(request: Request):
 async def metrics(request: Request):
     if request.app.state.settings.private_metrics:
         await check_key(request)
-    return Response(engine_client(request).metrics_text(), media_type=PROMETHEUS)
+    texts = [engine_client(request).metrics_text(), *(c.metrics_text() for c in request.app.state.others().values())]
+    return Response(texts[0] if len(texts) == 1 else merge_expositions(texts), media_type=PROMETHEUS)
 
 
 @router.get("/v1/models", dependencies=guarded)

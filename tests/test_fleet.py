@@ -140,6 +140,8 @@ def test_two_models_in_one_process_each_answers_its_assistants_chats(tiny_chat_m
     import shutil
     from concurrent.futures import ThreadPoolExecutor
 
+    import httpx
+
     from gradio_client import Client
 
     from app import build_app, parse_args
@@ -187,6 +189,13 @@ def test_two_models_in_one_process_each_answers_its_assistants_chats(tiny_chat_m
                                                  messages=[{"role": "user", "content": "Hello"}])
             assert answer.model == "tiny-other" and answer.usage.completion_tokens > 0
             assert (finished(second), finished(llm)) == (before[0] + 1, before[1])  # the second engine ran it
+            scrape = httpx.get(f"{server.url}/metrics").text  # one valid exposition, both models in it
+            from prometheus_client.parser import text_string_to_metric_families
+
+            done = {s.labels["model_name"]: s.value for f in text_string_to_metric_families(scrape)
+                    for s in f.samples if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == "length"}
+            assert set(done) == {llm.info.name, "tiny-other"} and done["tiny-other"] >= 1
+            assert scrape.count("# TYPE vllm:request_success_total counter") == 1
             with pytest.raises(openai.NotFoundError, match="tiny-other"):
                 api.completions.create(model="no-such-model", prompt="Hi", max_tokens=4)
             assert second.snapshot()["stats"]["num_running"] == 0  # both finished; nothing left stepping

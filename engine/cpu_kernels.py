@@ -76,7 +76,7 @@ def _build() -> ctypes.CDLL | None:
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
         "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),
         "int4_matmul": matmul4, "int4_matmul_i8": matmul4, "int4_matmul_f32": matmul4,
-        "int8_matmul": matmul8, "int8_matmul_i8": matmul8, "int8_matmul_f32": matmul8,
+        "int8_matmul": matmul8, "int8_matmul_i8": matmul8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul8,
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -258,7 +258,6 @@ def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
     [N/16, G, 2, 16] bf16); float32 (packed [N/16, K, 8] uint8, scales and shifts = zero - 8 scale
     [N/16, G, 2, 16] fp32)."""
     N, K = q.shape
-    G = scales.shape[0]
     q = q.to(torch.uint8)
     if dtype == torch.float32:
         halves = q.reshape(N // 16, 2, 8, K)  # [block, half, column, k]
@@ -268,8 +267,15 @@ def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
         quads = q.reshape(N // 16, 16, K // 4, 2, 2)  # [block, column, quad, half, pair]
         packed = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 1, 3).contiguous()
         pair = (scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
-    per_block = [t.reshape(G, N // 16, 16).transpose(0, 1) for t in pair]
-    return packed, torch.stack(per_block, dim=2).contiguous()
+    return packed, group_scales(*pair)
+
+
+def group_scales(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """Per-group scales and zeros [G, N] -> the kernels' [N/16, G, 2, 16] (per block and group, 16
+    scales then 16 zeros), in their dtype."""
+    G, N = scales.shape
+    per_block = [t.reshape(G, N // 16, 16).transpose(0, 1) for t in (scales, zeros)]
+    return torch.stack(per_block, dim=2).contiguous()
 
 
 def int8_pack(q: torch.Tensor, dtype: torch.dtype, int8_rows: bool = False) -> torch.Tensor:
@@ -296,6 +302,18 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gro
     fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul_i8 if int8_rows else _lib.int4_matmul
     _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads),
            "int4_matmul")
+    return y
+
+
+def int8g_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bf16 @ an 8-bit weight in groups of 32^T -> [M, N] bf16, the rows rounded to int8 per
+    32 inputs (AVX-512 VNNI): packed as int8_pack(q, int8_rows=True), scales and zeros as group_scales
+    in bf16 (w = q * scale + zero)."""
+    M, K = x.shape
+    x = x if x.is_contiguous() else x.contiguous()
+    y = x.new_empty(M, packed.shape[0] * 16)
+    _check(_lib.int8g_matmul_i8(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
+                                _threads), "int8g_matmul")
     return y
 
 

@@ -248,9 +248,9 @@ def test_gguf_q4_k_blocks_stay_packed_and_equal_the_reference_dequantizer():
     assert rel(weight.matmul(x), F.linear(x.float(), reference)) < 2e-2
 
 
-def gguf_with_q4_k_ffn_down(path: str) -> None:
-    """The embedded model's GGUF with every layer's ffn_down (1536 inputs: six super-blocks a row)
-    replaced by random Q4_K blocks; metadata and the other tensors copied as they are."""
+def rewritten_gguf(path: str, tensor) -> None:
+    """The embedded model's GGUF with its tensors passed through `tensor(t) -> (raw data, type)`;
+    its metadata copied as it is."""
     import gguf
 
     reader = gguf.GGUFReader(default_model_path())
@@ -259,9 +259,7 @@ def gguf_with_q4_k_ffn_down(path: str) -> None:
         if field.name != "general.architecture" and not field.name.startswith("GGUF."):
             sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
             writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    tensors = [(t.name, q4_k_tensor(576, 1536, i, d=2e-4).data if t.name.endswith("ffn_down.weight") else t.data,
-                gguf.GGMLQuantizationType.Q4_K if t.name.endswith("ffn_down.weight") else t.tensor_type)
-               for i, t in enumerate(reader.tensors)]
+    tensors = [(t.name, *tensor(t)) for t in reader.tensors]
     for name, data, kind in tensors:
         writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
     writer.write_header_to_file()
@@ -270,6 +268,27 @@ def gguf_with_q4_k_ffn_down(path: str) -> None:
     for _, data, _ in tensors:
         writer.write_tensor_data(data)
     writer.close()
+
+
+def gguf_with_q4_k_ffn_down(path: str) -> None:
+    """Every layer's ffn_down (1536 inputs: six super-blocks a row) as random Q4_K blocks."""
+    from gguf import GGMLQuantizationType
+
+    rewritten_gguf(path, lambda t: (q4_k_tensor(576, 1536, 0, d=2e-4).data, GGMLQuantizationType.Q4_K)
+                   if t.name.endswith("ffn_down.weight") else (t.data, t.tensor_type))
+
+
+def q8_0_gguf(path: str) -> None:
+    """The default model as a Q8_0 file, as llama.cpp writes one: every matrix in Q8_0 blocks (here
+    quantized by the gguf package from the embedded Q4_1 weights), the norms in F32."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    def q8(t):
+        if len(t.shape) < 2 or t.tensor_type == GGMLQuantizationType.F32:
+            return t.data, t.tensor_type
+        return quantize(dequantize(t.data, t.tensor_type), GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
+    rewritten_gguf(path, q8)
 
 
 @pytest.mark.e2e
@@ -370,3 +389,71 @@ def test_packed_weights_keep_greedy_outputs_and_count_their_bytes(tiny_model, mo
     assert [o.outputs[0].token_ids for o in packed.generate(prompts, params)] == \
         [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
     assert packed.engine.weight_bytes >= plain.engine.weight_bytes + model.lm_head.kernel.resident_bytes
+
+
+def random_blocks(kind, rows: int, cols: int, seed: int = 0):
+    """A GGUF tensor of `kind` as GGUFReader gives it: random bytes (any are valid there) with
+    finite fp16 scales and mins in each block's leading halves."""
+    import types
+
+    import numpy as np
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[kind]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
+    halves = 2 if kind in (gguf.GGMLQuantizationType.Q5_1, gguf.GGMLQuantizationType.Q5_K) else 1
+    raw[:, :2 * halves] = rng.uniform(1e-3, 2e-2, size=(len(raw), halves)).astype(np.float16).view(np.uint8)
+    return types.SimpleNamespace(data=raw.reshape(rows, -1), tensor_type=kind)
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q5_1", "Q5_K"])
+def test_gguf_8_and_5_bit_blocks_stay_int8_and_equal_the_reference_dequantizer(kind):
+    """Q8_0 and the 5-bit types (what Q8_0 and Q4_K_M files hold besides Q4_K) kept as int8 in
+    groups of 32: equal to the gguf package's dequantization of the same bytes; the kernel's product
+    (rows rounded to int8 per 32, as llama.cpp's Q8 activations) equals the dense one, and a row
+    computes the same alone as in a batch."""
+    import gguf
+    from gguf.quants import dequantize
+
+    from engine.checkpoint.gguf import _int8_groups
+    from engine.quant.kernels import Int8GroupWeight
+
+    t = random_blocks(gguf.GGMLQuantizationType[kind], 64, 512)
+    packed = _int8_groups(t, None)
+    reference = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32"))
+    assert packed.q.dtype == torch.int8 and packed.scales.shape == (16, 64)
+    assert torch.allclose(packed.dequantize(), reference, rtol=1e-6, atol=1e-7)
+    if not Int8GroupWeight.runs_here((64, 512), torch.bfloat16, torch.device("cpu")):
+        pytest.skip("no AVX-512 VNNI with bf16 here: these layers stay dense")
+    weight = Int8GroupWeight(packed.q, packed.scales, packed.zeros, torch.bfloat16)
+    x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
+    together = weight._packed_matmul(x)
+    assert rel(together, F.linear(x.float(), reference)) < 2e-2
+    assert torch.equal(weight._packed_matmul(x[3:4]), together[3:4])
+
+
+@pytest.mark.e2e
+def test_a_q8_0_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path):
+    """A Q8_0 file of SmolLM2 loads its projections as int8 groups (where the kernel runs), answers,
+    and its mean NLL on the eval passage stays within 1.05x of the same weights dense in bf16."""
+    import os
+
+    from engine.quant.kernels import Int8GroupWeight
+
+    path = str(tmp_path / "smollm2-q8_0.gguf")
+    q8_0_gguf(path)
+    packed = LLM(path, dtype="bfloat16", num_kv_blocks=64)
+    dense = LLM(default_model_path(), dtype="bfloat16", quantization="none", num_kv_blocks=64)
+    down = packed.engine.model.model.layers[3].mlp.down_proj.kernel
+    if Int8GroupWeight.runs_here((576, 1536), torch.bfloat16, torch.device("cpu")):
+        assert isinstance(down, Int8GroupWeight)
+    ids = packed.get_tokenizer().encode(open(os.path.join(os.path.dirname(__file__), "data", "eval_passage.txt")).read())
+    ids = ids[:384]
+    nll, base = packed.mean_nll(ids), dense.mean_nll(ids)
+    assert nll < 1.05 * base, (nll, base)
+    prompt = packed.render_chat([{"role": "user", "content": "Hello! How can I return a tent?"}])
+    reply = packed.generate([prompt], SamplingParams(temperature=0, max_tokens=12))
+    assert len(reply[0].outputs[0].text.split()) >= 3
+    print(f"Q8_0: NLL {nll:.4f} vs bf16 {base:.4f}; weights {packed.engine.weight_bytes / 2**20:.0f} MiB, "
+          f"file {os.path.getsize(path) / 2**20:.0f} MiB")

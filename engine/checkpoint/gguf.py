@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from engine.checkpoint.quantized import Packed4
+from engine.checkpoint.quantized import Packed4, Packed8
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -19,6 +19,7 @@ _LAYER_NAMES = {
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _Q4_BLOCK_BYTES = {2: 18, 3: 20, 12: 144}  # GGMLQuantizationType Q4_0, Q4_1 (32 weights), Q4_K (256)
+_INT8_GROUP_TYPES = {8: "Q8_0", 6: "Q5_0", 7: "Q5_1", 13: "Q5_K"}  # kept as int8 in groups of 32
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -38,9 +39,10 @@ def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, n // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tuple[str, torch.Tensor | Packed4]]:
-    """Every tensor once, under its transformers name: Q4_0 / Q4_1 / Q4_K tensors as Packed4 read
-    from the raw blocks when `keep_packed` (no float round trip), everything else dequantized to fp32."""
+def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tuple[str, torch.Tensor | Packed4 | Packed8]]:
+    """Every tensor once, under its transformers name. With `keep_packed`, the projections' blocks
+    stay packed, read from the raw bytes (no float round trip): Q4_0 / Q4_1 / Q4_K as Packed4, Q8_0 /
+    Q5_0 / Q5_1 / Q5_K as Packed8; everything else is dequantized to fp32."""
     import gguf
     from gguf.quants import dequantize
 
@@ -55,6 +57,9 @@ def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tu
             heads = hf_config.num_attention_heads if "q_proj" in name else hf_config.num_key_value_heads
         if keep_packed and t.tensor_type in _Q4_BLOCK_BYTES and name.endswith("proj.weight"):
             yield name, _packed_from_blocks(t, heads)
+            continue
+        if keep_packed and t.tensor_type in _INT8_GROUP_TYPES and name.endswith("proj.weight"):
+            yield name, _int8_groups(t, heads)
             continue
         w = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type), dtype=np.float32))
         yield name, unpermute_rows(w, heads) if heads else w
@@ -99,3 +104,36 @@ def _q4_k_groups(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     qs = raw[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
     q = (qs & 0x0F).reshape(rows, -1).astype(np.int32)  # group 2c: the low nibbles of 32 bytes, 2c+1 the high
     return q, scale.reshape(rows, -1), (8 * scale - low).reshape(rows, -1)
+
+
+def _int8_groups(t, heads: int | None) -> Packed8:
+    """A Q8_0 / Q5_0 / Q5_1 / Q5_K tensor as int8 in groups of 32, w = q * scale + zero, exactly.
+    The integers come from the gguf package's own dequantizer run on the same blocks with their
+    scales set to one and their mins to zero (its bit unpacking, not a copy of it); the scales and
+    mins are the blocks' own."""
+    import gguf
+    from gguf.quants import Q4_K, dequantize
+
+    kind = gguf.GGMLQuantizationType(t.tensor_type)
+    block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
+    rows = t.data.shape[0]
+    raw = np.ascontiguousarray(t.data).reshape(-1, block_bytes)
+    unit = raw.copy()
+    unit[:, 0:2] = np.array([1.0], dtype=np.float16).view(np.uint8)  # d = 1
+    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)  # [blocks, 1]
+    if kind == gguf.GGMLQuantizationType.Q5_K:  # eight sub-blocks of 32: d*sc and dmin*m each
+        unit[:, 2:4] = 0
+        unit[:, 4:16] = [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]  # every 6-bit scale 1, every min 0
+        sc, m = Q4_K.get_scale_min(raw[:, 4:16])
+        scale = d * sc.astype(np.float32)
+        zero = -raw[:, 2:4].copy().view(np.float16).astype(np.float32) * m.astype(np.float32)
+    elif kind == gguf.GGMLQuantizationType.Q5_1:  # w = d*q + m
+        unit[:, 2:4] = 0
+        scale, zero = d, raw[:, 2:4].copy().view(np.float16).astype(np.float32)
+    else:  # Q8_0, Q5_0: w = d*q (Q5_0's q already centred by the dequantizer)
+        scale, zero = d, np.zeros_like(d)
+    q = torch.from_numpy(np.rint(dequantize(unit.reshape(rows, -1), kind)).astype(np.int8))
+    scale, zero = (torch.from_numpy(np.ascontiguousarray(x).reshape(rows, -1)) for x in (scale, zero))
+    if heads:
+        q, scale, zero = (unpermute_rows(x, heads) for x in (q, scale, zero))
+    return Packed8(q, scale.T.contiguous(), zero.T.contiguous())

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from engine.checkpoint.gguf import gguf_weights
-from engine.checkpoint.quantized import Packed4, QuantSpec, detect, to_int4
+from engine.checkpoint.quantized import Packed4, Packed8, QuantSpec, detect, to_int4
 from engine.checkpoint.source import ModelSource
 from engine.linear import default_weight_loader
 from engine.models import model_class
@@ -65,7 +65,7 @@ def load_weights(model: nn.Module, weights: Weights) -> dict[str, list[Packed4]]
         if target not in params:
             raise ValueError(f"checkpoint weight {name!r} has no place in the model")
         loaded.add(target)
-        if isinstance(value, Packed4):
+        if isinstance(value, (Packed4, Packed8)):
             module = modules[target.rsplit(".", 1)[0]]
             shards = packed.setdefault(target.rsplit(".", 1)[0], [None] * max(1, len(module.shard_offsets)))
             shards[list(module.shard_offsets).index(shard_id) if shard_id is not None else 0] = value
@@ -73,15 +73,19 @@ def load_weights(model: nn.Module, weights: Weights) -> dict[str, list[Packed4]]
         _place(params[target], value, shard_id)
     for module_name, shards in list(packed.items()):
         if any(s is None for s in shards):
-            module = modules[module_name]
-            for shard_id, shard in zip(module.shard_offsets or [None], shards):
-                if shard is not None:
-                    _place(module.weight, shard.dequantize(), shard_id)
+            place_dequantized(modules[module_name], shards)
             del packed[module_name]
     missing = set(params) - loaded
     if missing:
         raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
     return packed
+
+
+def place_dequantized(module: nn.Module, shards: list) -> None:
+    """A Linear's packed shards (None: placed already) dequantized into its dense weight."""
+    for shard_id, shard in zip(module.shard_offsets or [None], shards):
+        if shard is not None:
+            _place(module.weight, shard.dequantize(), shard_id)
 
 
 def _target(name: str, mapping: dict) -> tuple[str, str | int | None]:

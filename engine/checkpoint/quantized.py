@@ -32,6 +32,21 @@ class Packed4:
 
 
 @dataclass
+class Packed8:
+    """One Linear's 8-bit weight in groups of 32 (GGUF's Q8_0 and 5-bit blocks): q [N, K] int8,
+    scales and zeros [G, N] fp32, w = q * scale + zero."""
+    q: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    perm = None
+    group = 32
+
+    def dequantize(self) -> torch.Tensor:
+        g = torch.arange(self.q.shape[1]) // self.group
+        return self.q.float() * self.scales[g].T + self.zeros[g].T
+
+
+@dataclass
 class QuantSpec:
     method: str  # "gptq" | "awq" | "compressed-tensors"
     group_size: int  # -1: one group over all inputs

@@ -116,14 +116,15 @@ ALWAYS_INLINE void tile8(const int8_t *packed, const float *scales, const uint16
 #include "quant_int8_rows.h"
 
 /* The kinds of tile: KIND is a constant at every call. */
-enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16 };
+enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16, INT8G_I8 = 20 };
 
 ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
-                            uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N, const int MR, const int NB,
-                            const enum kind KIND) {
+                            const float *xqsum, uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N,
+                            const int MR, const int NB, const enum kind KIND) {
     if (KIND == INT4) tile4(packed, scales, x, xsum, y, b0, m0, K, G, group, N, MR, NB);
     else if (KIND == INT8) tile8(packed, scales, x, y, b0, m0, K, N, MR, NB);
     else if (KIND == INT4_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB);
+    else if (KIND == INT8G_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB);
     else tile8_i8(packed, scales, x, xd, xsum, y, b0, m0, K, N, MR, NB);
 }
 
@@ -132,9 +133,9 @@ ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *
  * blocks at once (about the same count of independent accumulators; one row over 8 blocks streamed
  * SmolLM2's 4-bit weights at 10.8 GB/s against 8.6 over 4). */
 ALWAYS_INLINE void columns(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
-                           uint16_t *y, int64_t b0, int nb, int m0, int M, int K, int G, int group, int N,
-                           const enum kind KIND) {
-#define TILE(MR, NB) any_tile(packed, scales, x, xd, xsum, y, b0 + b, m, K, G, group, N, MR, NB, KIND)
+                           const float *xqsum, uint16_t *y, int64_t b0, int nb, int m0, int M, int K, int G, int group,
+                           int N, const enum kind KIND) {
+#define TILE(MR, NB) any_tile(packed, scales, x, xd, xsum, xqsum, y, b0 + b, m, K, G, group, N, MR, NB, KIND)
     int m = m0;
     if (M - m0 >= 8) { /* each block's weights stay in L1 while every chunk of 8 rows takes them */
         for (int b = 0; b < nb; b++)
@@ -162,7 +163,7 @@ ALWAYS_INLINE void columns(const void *packed, const void *scales, const void *x
 
 struct job {
     const void *packed, *scales, *x;
-    const float *xd, *xsum;
+    const float *xd, *xsum, *xqsum;
     void *y;
     int M, K, G, group, N;
     enum kind kind;
@@ -182,10 +183,12 @@ static void columns_part(void *ctx, int part, int parts) {
     for (int m0 = 0; m0 < j->M; m0 += ROWS_AT_ONCE) {
         const int M = j->M - m0 < ROWS_AT_ONCE ? j->M : m0 + ROWS_AT_ONCE;
 #define COLUMNS(KIND) \
-        columns(j->packed, j->scales, j->x, j->xd, j->xsum, j->y, b0, (int)nb, m0, M, j->K, j->G, j->group, j->N, KIND)
+        columns(j->packed, j->scales, j->x, j->xd, j->xsum, j->xqsum, j->y, b0, (int)nb, m0, M, j->K, j->G, j->group, \
+                j->N, KIND)
         if (j->kind == INT4) COLUMNS(INT4); /* a constant at each call: the tiles unroll for it */
         else if (j->kind == INT8) COLUMNS(INT8);
         else if (j->kind == INT4_I8) COLUMNS(INT4_I8);
+        else if (j->kind == INT8G_I8) COLUMNS(INT8G_I8);
         else COLUMNS(INT8_I8);
 #undef COLUMNS
     }
@@ -219,7 +222,7 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
             }
             xsum[(int64_t)m * G + g] = s;
         }
-    struct job j = {packed, scales, x, NULL, xsum, y, M, K, G, group, N, INT4};
+    struct job j = {packed, scales, x, NULL, xsum, NULL, y, M, K, G, group, N, INT4};
     run(&j, threads);
     free(xsum);
     return 0;
@@ -229,13 +232,13 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
 static int with_int8_rows(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
                           int group, int threads, enum kind kind) {
     if (M <= 0 || N <= 0) return 0;
-    const size_t A = K / 32, floats = 2 * (size_t)M * A + M;
+    const size_t A = K / 32, floats = 3 * (size_t)M * A + M;
     int8_t *xq = malloc((size_t)M * K + sizeof(float) * floats);
     if (!xq) return PC_NO_MEMORY;
-    float *xd = (float *)(xq + (size_t)M * K), *xsum = xd + M * A, *xbias = xsum + M * A;
-    struct rows_job r = {x, xq, xd, xsum, kind == INT8_I8 ? xbias : NULL, M, K};
+    float *xd = (float *)(xq + (size_t)M * K), *xsum = xd + M * A, *xqsum = xsum + M * A, *xbias = xqsum + M * A;
+    struct rows_job r = {x, xq, xd, xsum, kind == INT8_I8 ? xbias : NULL, kind == INT8G_I8 ? xqsum : NULL, M, K};
     pool_run(threads < M ? threads : M, quantize_rows, &r);
-    struct job j = {packed, scales, xq, xd, kind == INT8_I8 ? xbias : xsum, y, M, K, K / group, group, N, kind};
+    struct job j = {packed, scales, xq, xd, kind == INT8_I8 ? xbias : xsum, xqsum, y, M, K, K / group, group, N, kind};
     run(&j, threads);
     free(xq);
     return 0;
@@ -250,13 +253,22 @@ int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *
     return with_int8_rows(x, packed, scales, y, M, K, N, K, threads, INT8_I8);
 }
 
+int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
+    return with_int8_rows(x, packed, scales, y, M, K, N, 32, threads, INT8G_I8);
+}
+
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
-    struct job j = {packed, scales, x, NULL, NULL, y, M, K, 1, K, N, INT8};
+    struct job j = {packed, scales, x, NULL, NULL, NULL, y, M, K, 1, K, N, INT8};
     if (M > 0 && N > 0) run(&j, threads);
     return 0;
 }
 
 #else
+int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
+    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
+    return PC_UNSUPPORTED;
+}
+
 int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
     return PC_UNSUPPORTED;

@@ -9,7 +9,10 @@ from torch import nn
 
 from engine.linear import DenseKernel, Linear, LinearKernel
 from engine.quant.choices import CHECKPOINT_FORMATS
-from engine.quant.kernels import ConcatWeight, Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from engine.checkpoint.load import place_dequantized
+from engine.checkpoint.quantized import Packed8
+from engine.quant.kernels import (ConcatWeight, Int4Weight, Int8GroupWeight, Int8Weight, quantize_int4,
+                                  quantize_int8)
 
 log = logging.getLogger("pagedchat.quant")
 
@@ -34,6 +37,8 @@ def quantize_linears(model: nn.Module, mode: str, dtype: torch.dtype, packed: di
             kernel = _on_the_fly(module.source_weight.data, "int8" if mode == "gguf" else mode, dtype, int8_rows)
         elif mode == "gguf" or checkpoint:
             kernel = _from_packed(packed.get(name), dtype, module.source_weight.device, int8_rows)
+            if kernel is None and packed.get(name):  # no kernel of its kind runs here: dense after all
+                place_dequantized(module, packed[name])
         else:
             kernel = _on_the_fly(module.source_weight.data, mode, dtype, int8_rows)
         if kernel is not None:
@@ -67,17 +72,20 @@ def _on_the_fly(w: torch.Tensor, mode: str, dtype: torch.dtype, int8_rows: bool)
 
 
 def _from_packed(parts: list | None, dtype: torch.dtype, device: torch.device, int8_rows: bool) -> LinearKernel | None:
-    """Packed 4-bit shards of one Linear (a fused one has several): one Int4Weight when they share
-    the input order and group size, else one each, their outputs concatenated."""
+    """Packed shards of one Linear (a fused one has several): one kernel when they are alike (4-bit
+    with the same input order and group size, or 8-bit groups), else one each, their outputs
+    concatenated. 8-bit groups stay dense where their kernel cannot run here (None)."""
     if not parts:
         return None
-    perms = {None if p.perm is None else tuple(p.perm.tolist()) for p in parts}
-    if len(perms) == 1 and len({p.group for p in parts}) == 1:
-        q, s, z = (torch.cat([getattr(p, f) for p in parts], dim) for f, dim in (("q", 0), ("scales", 1), ("zeros", 1)))
-        return Int4Weight(q.to(device), s.to(device), z.to(device), parts[0].group, dtype,
-                          perm=_to(parts[0].perm, device), int8_rows=int8_rows)
-    return ConcatWeight([Int4Weight(p.q.to(device), p.scales.to(device), p.zeros.to(device), p.group, dtype,
-                                    perm=_to(p.perm, device), int8_rows=int8_rows) for p in parts])
+    alike = {(type(p), p.group, None if p.perm is None else tuple(p.perm.tolist())) for p in parts}
+    if len(alike) > 1:
+        kernels = [_from_packed([p], dtype, device, int8_rows) for p in parts]
+        return None if None in kernels else ConcatWeight(kernels)
+    q, s, z = (torch.cat([getattr(p, f) for p in parts], dim) for f, dim in (("q", 0), ("scales", 1), ("zeros", 1)))
+    if isinstance(parts[0], Packed8):
+        return Int8GroupWeight(q, s, z, dtype) if Int8GroupWeight.runs_here(q.shape, dtype, device) else None
+    return Int4Weight(q.to(device), s.to(device), z.to(device), parts[0].group, dtype, perm=_to(parts[0].perm, device),
+                      int8_rows=int8_rows)
 
 
 def _to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:

@@ -76,7 +76,7 @@ def _build() -> ctypes.CDLL | None:
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
         "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),
         "int4_matmul": matmul4, "int4_matmul_i8": matmul4, "int4_matmul_f32": matmul4,
-        "int8_matmul": matmul8, "int8_matmul_i8": matmul8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul8,
+        "int8_matmul": matmul8, "int8_matmul_i8": matmul8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul4,
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -305,15 +305,15 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gro
     return y
 
 
-def int8g_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bf16 @ an 8-bit weight in groups of 32^T -> [M, N] bf16, the rows rounded to int8 per
-    32 inputs (AVX-512 VNNI): packed as int8_pack(q, int8_rows=True), scales and zeros as group_scales
-    in bf16 (w = q * scale + zero)."""
+def int8g_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """x [M, K] bf16 @ an 8-bit weight in groups of `group` (16 or 32)^T -> [M, N] bf16, the rows
+    rounded to int8 per 32 inputs (AVX-512 VNNI): packed as int8_pack(q, int8_rows=True), scales and
+    zeros as group_scales in bf16 (w = q * scale + zero)."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()
     y = x.new_empty(M, packed.shape[0] * 16)
     _check(_lib.int8g_matmul_i8(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
-                                _threads), "int8g_matmul")
+                                group, _threads), "int8g_matmul")
     return y
 
 

@@ -402,15 +402,16 @@ def random_blocks(kind, rows: int, cols: int, seed: int = 0):
     block, size = gguf.GGML_QUANT_SIZES[kind]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
+    at = size - 2 if kind == gguf.GGMLQuantizationType.Q6_K else 0  # Q6_K keeps its d last
     halves = 2 if kind in (gguf.GGMLQuantizationType.Q5_1, gguf.GGMLQuantizationType.Q5_K) else 1
-    raw[:, :2 * halves] = rng.uniform(1e-3, 2e-2, size=(len(raw), halves)).astype(np.float16).view(np.uint8)
+    raw[:, at:at + 2 * halves] = rng.uniform(1e-3, 2e-2, size=(len(raw), halves)).astype(np.float16).view(np.uint8)
     return types.SimpleNamespace(data=raw.reshape(rows, -1), tensor_type=kind)
 
 
-@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q5_1", "Q5_K"])
-def test_gguf_8_and_5_bit_blocks_stay_int8_and_equal_the_reference_dequantizer(kind):
-    """Q8_0 and the 5-bit types (what Q8_0 and Q4_K_M files hold besides Q4_K) kept as int8 in
-    groups of 32: equal to the gguf package's dequantization of the same bytes; the kernel's product
+@pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
+def test_gguf_8_6_and_5_bit_blocks_stay_int8_and_equal_the_reference_dequantizer(kind):
+    """Q8_0 and the 5- and 6-bit types (what Q8_0, Q6_K and Q4_K_M files hold besides Q4_K) kept as
+    int8 in groups of 32 (Q6_K: 16): equal to the gguf package's dequantization of the same bytes; the kernel's product
     (rows rounded to int8 per 32, as llama.cpp's Q8 activations) equals the dense one, and a row
     computes the same alone as in a batch."""
     import gguf
@@ -422,11 +423,11 @@ def test_gguf_8_and_5_bit_blocks_stay_int8_and_equal_the_reference_dequantizer(k
     t = random_blocks(gguf.GGMLQuantizationType[kind], 64, 512)
     packed = _int8_groups(t, None)
     reference = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32"))
-    assert packed.q.dtype == torch.int8 and packed.scales.shape == (16, 64)
+    assert packed.q.dtype == torch.int8 and packed.scales.shape == (512 // packed.group, 64)
     assert torch.allclose(packed.dequantize(), reference, rtol=1e-6, atol=1e-7)
     if not Int8GroupWeight.runs_here((64, 512), torch.bfloat16, torch.device("cpu")):
         pytest.skip("no AVX-512 VNNI with bf16 here: these layers stay dense")
-    weight = Int8GroupWeight(packed.q, packed.scales, packed.zeros, torch.bfloat16)
+    weight = Int8GroupWeight(packed.q, packed.scales, packed.zeros, torch.bfloat16, packed.group)
     x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
     together = weight._packed_matmul(x)
     assert rel(together, F.linear(x.float(), reference)) < 2e-2

@@ -19,7 +19,7 @@ _LAYER_NAMES = {
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _Q4_BLOCK_BYTES = {2: 18, 3: 20, 12: 144}  # GGMLQuantizationType Q4_0, Q4_1 (32 weights), Q4_K (256)
-_INT8_GROUP_TYPES = {8: "Q8_0", 6: "Q5_0", 7: "Q5_1", 13: "Q5_K"}  # kept as int8 in groups of 32
+_INT8_GROUP_TYPES = {8: "Q8_0", 6: "Q5_0", 7: "Q5_1", 13: "Q5_K", 14: "Q6_K"}  # kept as int8 in groups of 32 (Q6_K: 16)
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -42,7 +42,7 @@ def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tuple[str, torch.Tensor | Packed4 | Packed8]]:
     """Every tensor once, under its transformers name. With `keep_packed`, the projections' blocks
     stay packed, read from the raw bytes (no float round trip): Q4_0 / Q4_1 / Q4_K as Packed4, Q8_0 /
-    Q5_0 / Q5_1 / Q5_K as Packed8; everything else is dequantized to fp32."""
+    Q5_0 / Q5_1 / Q5_K / Q6_K as Packed8; everything else is dequantized to fp32."""
     import gguf
     from gguf.quants import dequantize
 
@@ -107,33 +107,39 @@ def _q4_k_groups(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _int8_groups(t, heads: int | None) -> Packed8:
-    """A Q8_0 / Q5_0 / Q5_1 / Q5_K tensor as int8 in groups of 32, w = q * scale + zero, exactly.
-    The integers come from the gguf package's own dequantizer run on the same blocks with their
-    scales set to one and their mins to zero (its bit unpacking, not a copy of it); the scales and
-    mins are the blocks' own."""
+    """A Q8_0 / Q5_0 / Q5_1 / Q5_K tensor as int8 in groups of 32, a Q6_K one in groups of 16:
+    w = q * scale + zero, exactly. The integers come from the gguf package's own dequantizer run on
+    the same blocks with their scales set to one and their mins to zero (its bit unpacking, not a
+    copy of it); the scales and mins are the blocks' own."""
     import gguf
     from gguf.quants import Q4_K, dequantize
 
-    kind = gguf.GGMLQuantizationType(t.tensor_type)
-    block_bytes = gguf.GGML_QUANT_SIZES[kind][1]
+    kinds = gguf.GGMLQuantizationType
+    kind = kinds(t.tensor_type)
     rows = t.data.shape[0]
-    raw = np.ascontiguousarray(t.data).reshape(-1, block_bytes)
-    unit = raw.copy()
-    unit[:, 0:2] = np.array([1.0], dtype=np.float16).view(np.uint8)  # d = 1
-    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32)  # [blocks, 1]
-    if kind == gguf.GGMLQuantizationType.Q5_K:  # eight sub-blocks of 32: d*sc and dmin*m each
-        unit[:, 2:4] = 0
+    raw = np.ascontiguousarray(t.data).reshape(-1, gguf.GGML_QUANT_SIZES[kind][1])
+    unit, one = raw.copy(), np.array([1.0], dtype=np.float16).view(np.uint8)
+
+    def half(at: int) -> np.ndarray:  # the fp16 at byte `at` of every block, [blocks, 1]
+        return raw[:, at:at + 2].copy().view(np.float16).astype(np.float32)
+    if kind == kinds.Q6_K:  # sixteen int8 scales per 16 weights, then d, at the end of the block
+        unit[:, 192:208], unit[:, 208:210] = 1, one
+        scale = half(208) * raw[:, 192:208].view(np.int8).astype(np.float32)
+        zero = np.zeros_like(scale)
+    elif kind == kinds.Q5_K:  # eight sub-blocks of 32: d*sc and dmin*m each
+        unit[:, 0:2], unit[:, 2:4] = one, 0
         unit[:, 4:16] = [1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1]  # every 6-bit scale 1, every min 0
         sc, m = Q4_K.get_scale_min(raw[:, 4:16])
-        scale = d * sc.astype(np.float32)
-        zero = -raw[:, 2:4].copy().view(np.float16).astype(np.float32) * m.astype(np.float32)
-    elif kind == gguf.GGMLQuantizationType.Q5_1:  # w = d*q + m
-        unit[:, 2:4] = 0
-        scale, zero = d, raw[:, 2:4].copy().view(np.float16).astype(np.float32)
+        scale, zero = half(0) * sc.astype(np.float32), -half(2) * m.astype(np.float32)
+    elif kind == kinds.Q5_1:  # w = d*q + m
+        unit[:, 0:2], unit[:, 2:4] = one, 0
+        scale, zero = half(0), half(2)
     else:  # Q8_0, Q5_0: w = d*q (Q5_0's q already centred by the dequantizer)
-        scale, zero = d, np.zeros_like(d)
+        unit[:, 0:2] = one
+        scale = half(0)
+        zero = np.zeros_like(scale)
     q = torch.from_numpy(np.rint(dequantize(unit.reshape(rows, -1), kind)).astype(np.int8))
     scale, zero = (torch.from_numpy(np.ascontiguousarray(x).reshape(rows, -1)) for x in (scale, zero))
     if heads:
         q, scale, zero = (unpermute_rows(x, heads) for x in (q, scale, zero))
-    return Packed8(q, scale.T.contiguous(), zero.T.contiguous())
+    return Packed8(q, scale.T.contiguous(), zero.T.contiguous(), 16 if kind == kinds.Q6_K else 32)

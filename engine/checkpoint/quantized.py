@@ -33,13 +33,13 @@ class Packed4:
 
 @dataclass
 class Packed8:
-    """One Linear's 8-bit weight in groups of 32 (GGUF's Q8_0 and 5-bit blocks): q [N, K] int8,
-    scales and zeros [G, N] fp32, w = q * scale + zero."""
+    """One Linear's 8-bit weight in groups of 32 (GGUF's Q8_0 and 5-bit blocks) or 16 (Q6_K): q [N, K]
+    int8, scales and zeros [G, N] fp32, w = q * scale + zero."""
     q: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
+    group: int = 32
     perm = None
-    group = 32
 
     def dequantize(self) -> torch.Tensor:
         g = torch.arange(self.q.shape[1]) // self.group

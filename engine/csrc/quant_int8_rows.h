@@ -87,43 +87,46 @@ ALWAYS_INLINE void tile8_i8(const uint8_t *packed, const float *scales, const in
     }
 }
 
-/* 8-bit weights in groups of 32 (GGUF's Q8_0, Q5_0, Q5_1 and Q5_K held as int8), int8 activations:
- * tile8_i8's packed bytes (q + 128, unsigned), tile4_i8's scales and zeros per group. With
- * w = q * scale + zero, per 32 inputs
+/* 8-bit weights in groups of GROUP = 32 (GGUF's Q8_0, Q5_0, Q5_1 and Q5_K held as int8) or 16 (Q6_K),
+ * int8 activations: tile8_i8's packed bytes (q + 128, unsigned), tile4_i8's scales and zeros per group.
+ * With w = q * scale + zero, per group
  *     sum_k x[k] w[n, k] = scale * (d sum_k xq[k] (q[k] + 128) - 128 xqsum) + zero * xsum
  * where xqsum = d sum_k xq[k] cancels the offset exactly (the integer sums are exact) and xsum is the
- * sum of the unrounded x, as tile4_i8's. */
+ * sum of the unrounded x, as tile4_i8's; both per group (quantize_rows' sums16 for groups of 16). */
 ALWAYS_INLINE void tile8g_i8(const uint8_t *packed, const uint16_t *scales, const int8_t *xq, const float *xd,
                              const float *xsum, const float *xqsum, uint16_t *y, int64_t b0, int m0, int K, int G,
-                             int N, const int MR, const int NB) {
-    const int A = K / 32;
+                             int N, const int MR, const int NB, const int GROUP) {
+    const int A = K / 32, H = 32 / GROUP; /* groups per 32 inputs */
     __m512 total[MR][NB];
     for (int m = 0; m < MR; m++)
         for (int b = 0; b < NB; b++) total[m][b] = _mm512_setzero_ps();
-    for (int a = 0; a < A; a++) {
-        __m512i dot[MR][NB];
-        for (int m = 0; m < MR; m++)
-            for (int b = 0; b < NB; b++) dot[m][b] = _mm512_setzero_si512();
-        for (int j = 8 * a; j < 8 * a + 8; j++)
+    for (int a = 0; a < A; a++)
+        for (int h = 0; h < H; h++) {
+            __m512i dot[MR][NB];
+            for (int m = 0; m < MR; m++)
+                for (int b = 0; b < NB; b++) dot[m][b] = _mm512_setzero_si512();
+            for (int j = 8 * a + h * 8 / H; j < 8 * a + (h + 1) * 8 / H; j++)
+                for (int b = 0; b < NB; b++) {
+                    const __m512i q = _mm512_loadu_si512(packed + ((b0 + b) * (K / 4) + j) * 64);
+                    for (int m = 0; m < MR; m++) {
+                        const int32_t *xr = (const int32_t *)(xq + (int64_t)(m0 + m) * K + 4 * j);
+                        dot[m][b] = _mm512_dpbusd_epi32(dot[m][b], q, _mm512_set1_epi32(xr[0]));
+                    }
+                }
+            const int g = a * H + h;
             for (int b = 0; b < NB; b++) {
-                const __m512i q = _mm512_loadu_si512(packed + ((b0 + b) * (K / 4) + j) * 64);
+                const uint16_t *sz = scales + (((b0 + b) * G + g) * 2) * 16;
+                const __m512 s = load16_bf16(sz), z = load16_bf16(sz + 16);
                 for (int m = 0; m < MR; m++) {
-                    const int32_t *xr = (const int32_t *)(xq + (int64_t)(m0 + m) * K + 4 * j);
-                    dot[m][b] = _mm512_dpbusd_epi32(dot[m][b], q, _mm512_set1_epi32(xr[0]));
+                    const int64_t at = (int64_t)(m0 + m) * G + g;
+                    const __m512 own = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot[m][b]),
+                                                       _mm512_set1_ps(xd[(int64_t)(m0 + m) * A + a]),
+                                                       _mm512_set1_ps(128.f * xqsum[at]));
+                    total[m][b] = _mm512_fmadd_ps(own, s, total[m][b]);
+                    total[m][b] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[at]), z, total[m][b]);
                 }
             }
-        for (int b = 0; b < NB; b++) {
-            const uint16_t *sz = scales + (((b0 + b) * G + a) * 2) * 16;
-            const __m512 s = load16_bf16(sz), z = load16_bf16(sz + 16);
-            for (int m = 0; m < MR; m++) {
-                const int64_t at = (int64_t)(m0 + m) * A + a;
-                const __m512 own = _mm512_fmsub_ps(_mm512_cvtepi32_ps(dot[m][b]), _mm512_set1_ps(xd[at]),
-                                                   _mm512_set1_ps(128.f * xqsum[at]));
-                total[m][b] = _mm512_fmadd_ps(own, s, total[m][b]);
-                total[m][b] = _mm512_fmadd_ps(_mm512_set1_ps(xsum[at]), z, total[m][b]);
-            }
         }
-    }
     for (int m = 0; m < MR; m++)
         for (int b = 0; b < NB; b++)
             _mm256_storeu_si256((__m256i *)(y + (int64_t)(m0 + m) * N + (b0 + b) * 16),
@@ -134,7 +137,7 @@ struct rows_job {
     const uint16_t *x;
     int8_t *xq;
     float *xd, *xsum, *xbias, *xqsum; /* xbias: NULL, or tile8_i8's per row; xqsum: NULL, or tile8g_i8's */
-    int M, K;
+    int M, K, sums16; /* sums16: xsum and xqsum per 16 inputs (tile8g_i8 in groups of 16) */
 };
 
 /* Rows of x to int8 per 32 inputs: xq (each quad's k in the order 0, 2, 1, 3, as tile4_i8 reads the
@@ -152,14 +155,20 @@ static void quantize_rows(void *ctx, int part, int parts) {
             const float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
             const __m512 inv = _mm512_set1_ps(top > 0.f ? 127.f / top : 0.f);
             j->xd[at] = top / 127.f;
-            j->xsum[at] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
             const __m512i qlo = _mm512_permutexvar_epi32(quads, _mm512_cvtps_epi32(_mm512_mul_ps(lo, inv)));
             const __m512i qhi = _mm512_permutexvar_epi32(quads, _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv)));
             _mm_storeu_si128((__m128i *)(j->xq + k), _mm512_cvtepi32_epi8(qlo));
             _mm_storeu_si128((__m128i *)(j->xq + k + 16), _mm512_cvtepi32_epi8(qhi));
             const float rounded = j->xd[at] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
             bias += 128.f * rounded;
-            if (j->xqsum) j->xqsum[at] = rounded;
+            if (j->sums16) { /* per half: the sums of its 16 inputs, unrounded and rounded */
+                j->xsum[2 * at] = _mm512_reduce_add_ps(lo), j->xsum[2 * at + 1] = _mm512_reduce_add_ps(hi);
+                j->xqsum[2 * at] = j->xd[at] * (float)_mm512_reduce_add_epi32(qlo);
+                j->xqsum[2 * at + 1] = j->xd[at] * (float)_mm512_reduce_add_epi32(qhi);
+            } else {
+                j->xsum[at] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+                if (j->xqsum) j->xqsum[at] = rounded;
+            }
         }
         if (j->xbias) j->xbias[m] = bias;
     }

@@ -116,7 +116,7 @@ ALWAYS_INLINE void tile8(const int8_t *packed, const float *scales, const uint16
 #include "quant_int8_rows.h"
 
 /* The kinds of tile: KIND is a constant at every call. */
-enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16, INT8G_I8 = 20 };
+enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16, INT8G_I8 = 20, INT8G16_I8 = 24 };
 
 ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
                             const float *xqsum, uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N,
@@ -124,7 +124,8 @@ ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *
     if (KIND == INT4) tile4(packed, scales, x, xsum, y, b0, m0, K, G, group, N, MR, NB);
     else if (KIND == INT8) tile8(packed, scales, x, y, b0, m0, K, N, MR, NB);
     else if (KIND == INT4_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB);
-    else if (KIND == INT8G_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB);
+    else if (KIND == INT8G_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB, 32);
+    else if (KIND == INT8G16_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB, 16);
     else tile8_i8(packed, scales, x, xd, xsum, y, b0, m0, K, N, MR, NB);
 }
 
@@ -189,6 +190,7 @@ static void columns_part(void *ctx, int part, int parts) {
         else if (j->kind == INT8) COLUMNS(INT8);
         else if (j->kind == INT4_I8) COLUMNS(INT4_I8);
         else if (j->kind == INT8G_I8) COLUMNS(INT8G_I8);
+        else if (j->kind == INT8G16_I8) COLUMNS(INT8G16_I8);
         else COLUMNS(INT8_I8);
 #undef COLUMNS
     }
@@ -232,11 +234,13 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
 static int with_int8_rows(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
                           int group, int threads, enum kind kind) {
     if (M <= 0 || N <= 0) return 0;
-    const size_t A = K / 32, floats = 3 * (size_t)M * A + M;
+    const size_t A = K / 32, floats = 5 * (size_t)M * A + M; /* xd; xsum and xqsum (per 16 at most); xbias */
     int8_t *xq = malloc((size_t)M * K + sizeof(float) * floats);
     if (!xq) return PC_NO_MEMORY;
-    float *xd = (float *)(xq + (size_t)M * K), *xsum = xd + M * A, *xqsum = xsum + M * A, *xbias = xqsum + M * A;
-    struct rows_job r = {x, xq, xd, xsum, kind == INT8_I8 ? xbias : NULL, kind == INT8G_I8 ? xqsum : NULL, M, K};
+    float *xd = (float *)(xq + (size_t)M * K), *xsum = xd + M * A, *xqsum = xsum + 2 * M * A, *xbias = xqsum + 2 * M * A;
+    const int grouped = kind == INT8G_I8 || kind == INT8G16_I8;
+    struct rows_job r = {x, xq, xd, xsum, kind == INT8_I8 ? xbias : NULL, grouped ? xqsum : NULL, M, K,
+                         kind == INT8G16_I8};
     pool_run(threads < M ? threads : M, quantize_rows, &r);
     struct job j = {packed, scales, xq, xd, kind == INT8_I8 ? xbias : xsum, xqsum, y, M, K, K / group, group, N, kind};
     run(&j, threads);
@@ -253,8 +257,10 @@ int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *
     return with_int8_rows(x, packed, scales, y, M, K, N, K, threads, INT8_I8);
 }
 
-int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
-    return with_int8_rows(x, packed, scales, y, M, K, N, 32, threads, INT8G_I8);
+int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                    int threads) {
+    if (group != 16 && group != 32) return PC_UNSUPPORTED;
+    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, group == 16 ? INT8G16_I8 : INT8G_I8);
 }
 
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
@@ -264,8 +270,9 @@ int int8_matmul(const void *x, const void *packed, const void *scales, void *y, 
 }
 
 #else
-int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
-    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
+int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                    int threads) {
+    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
     return PC_UNSUPPORTED;
 }
 

@@ -192,21 +192,22 @@ class Int8Weight(QuantizedWeight):
 
 
 class Int8GroupWeight(QuantizedWeight):
-    """w[n, k] = q[n, k] * scale[g, n] + zero[g, n], g = k // 32, q int8: GGUF's Q8_0 and 5-bit blocks
-    kept 8-bit. Our kernel only (csrc/quant_int8_rows.h's tile8g_i8: bf16 rows rounded to int8 per 32
+    """w[n, k] = q[n, k] * scale[g, n] + zero[g, n], g = k // group (32, or 16 for Q6_K), q int8:
+    GGUF's Q8_0, 5-bit and 6-bit blocks kept 8-bit. Our kernel only (csrc/quant_int8_rows.h's tile8g_i8: bf16 rows rounded to int8 per 32
     inputs, AVX-512 VNNI); `runs_here` says whether it can, else the weight is dense. As Int4Weight
     with int8 rows, it takes every row and keeps no dense copy, but where the CPU has AMX (there
     large steps' prompt rows take a dense copy)."""
     bits = 8
     int8_rows = True
 
-    def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype) -> None:
-        self.N, self.K, self.dtype = *q.shape, dtype
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype,
+                 group: int = 32) -> None:
+        self.N, self.K, self.dtype, self.group_size = *q.shape, dtype, group
         self.packed = cpu_kernels.int8_pack(q.to(torch.int8), torch.bfloat16, int8_rows=True)
         self.scales_and_zeros = cpu_kernels.group_scales(scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
         self.small_m = INT8_ROWS_SMALL_M
         self.all_rows = INT8_ROWS_ALL_ROWS_AMX
-        g = torch.arange(self.K) // 32
+        g = torch.arange(self.K) // group
         self.dense = DenseKernel((q.float() * scales.float()[g].T + zeros.float()[g].T).to(dtype)) \
             if "amx_bf16" in cpu_flags() else None
 
@@ -217,7 +218,8 @@ class Int8GroupWeight(QuantizedWeight):
                 and cpu_kernels.has("quant_bf16") and N % 16 == 0 and K % 32 == 0)
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.int8g_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros).to(x.dtype)
+        return cpu_kernels.int8g_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros,
+                                        self.group_size).to(x.dtype)
 
     @property
     def nbytes(self) -> int:

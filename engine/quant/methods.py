@@ -83,7 +83,8 @@ def _from_packed(parts: list | None, dtype: torch.dtype, device: torch.device, i
         return None if None in kernels else ConcatWeight(kernels)
     q, s, z = (torch.cat([getattr(p, f) for p in parts], dim) for f, dim in (("q", 0), ("scales", 1), ("zeros", 1)))
     if isinstance(parts[0], Packed8):
-        return Int8GroupWeight(q, s, z, dtype) if Int8GroupWeight.runs_here(q.shape, dtype, device) else None
+        return Int8GroupWeight(q, s, z, dtype, parts[0].group) if Int8GroupWeight.runs_here(q.shape, dtype, device) \
+            else None
     return Int4Weight(q.to(device), s.to(device), z.to(device), parts[0].group, dtype, perm=_to(parts[0].perm, device),
                       int8_rows=int8_rows)
 

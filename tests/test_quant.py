@@ -458,3 +458,60 @@ def test_a_q8_0_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path
     assert len(reply[0].outputs[0].text.split()) >= 3
     print(f"Q8_0: NLL {nll:.4f} vs bf16 {base:.4f}; weights {packed.engine.weight_bytes / 2**20:.0f} MiB, "
           f"file {os.path.getsize(path) / 2**20:.0f} MiB")
+
+
+def q4_k_m_gguf(path: str) -> None:
+    """The default model as llama.cpp's Q4_K_M mix would hold it: ffn_down in Q4_K, or Q6_K in the
+    layers llama.cpp gives more bits; attn_v in Q5_0, or Q8_0 there; the other matrices, whose 576
+    inputs are no multiple of 256, in Q5_0 (llama.cpp's fallback for Q4_K); the embedding in Q8_0."""
+    import re
+
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize, quantize
+
+    from tests.kquants import quantize_q4_k, quantize_q6_k
+
+    layers = 30
+
+    def more_bits(i: int) -> bool:  # llama.cpp's use_more_bits
+        return i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
+
+    def mix(t):
+        if len(t.shape) < 2 or t.tensor_type == T.F32:
+            return t.data, t.tensor_type
+        w = dequantize(t.data, t.tensor_type)
+        layer = re.match(r"blk\.(\d+)\.", t.name)
+        extra = layer is not None and more_bits(int(layer.group(1)))
+        if t.name.endswith("ffn_down.weight"):
+            return (quantize_q6_k(w), T.Q6_K) if extra else (quantize_q4_k(w), T.Q4_K)
+        kind = T.Q8_0 if t.name == "token_embd.weight" or (extra and "attn_v" in t.name) else T.Q5_0
+        return quantize(w, kind), kind
+    rewritten_gguf(path, mix)
+
+
+@pytest.mark.e2e
+def test_a_q4_k_m_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path):
+    """Every block type of a Q4_K_M mix stays packed (Q4_K in the int4 kernel, Q6_K / Q5_0 / Q8_0 as
+    int8 groups where that kernel runs); the model answers and its mean NLL on the eval passage
+    stays within 1.05x of the embedded model's weights dense in bf16."""
+    import os
+
+    from engine.quant.kernels import Int8GroupWeight
+
+    path = str(tmp_path / "smollm2-q4_k_m.gguf")
+    q4_k_m_gguf(path)
+    mixed = LLM(path, dtype="bfloat16", num_kv_blocks=64)
+    dense = LLM(default_model_path(), dtype="bfloat16", quantization="none", num_kv_blocks=64)
+    layers = mixed.engine.model.model.layers
+    assert isinstance(layers[4].mlp.down_proj.kernel, Int4Weight)  # Q4_K (layer 5 is one given more bits)
+    if Int8GroupWeight.runs_here((576, 1536), torch.bfloat16, torch.device("cpu")):
+        assert isinstance(layers[0].mlp.down_proj.kernel, Int8GroupWeight)  # Q6_K, groups of 16
+        assert layers[0].mlp.down_proj.kernel.group_size == 16
+        assert isinstance(layers[5].self_attn.qkv_proj.kernel, Int8GroupWeight)  # Q5_0 shards, one kernel
+    ids = mixed.get_tokenizer().encode(open(os.path.join(os.path.dirname(__file__), "data", "eval_passage.txt")).read())
+    nll, base = mixed.mean_nll(ids[:384]), dense.mean_nll(ids[:384])
+    assert nll < 1.05 * base, (nll, base)
+    prompt = mixed.render_chat([{"role": "user", "content": "Hello! How can I return a tent?"}])
+    assert len(mixed.generate([prompt], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text.split()) >= 3
+    print(f"Q4_K_M mix: NLL {nll:.4f} vs bf16 {base:.4f}; weights {mixed.engine.weight_bytes / 2**20:.0f} MiB, "
+          f"file {os.path.getsize(path) / 2**20:.0f} MiB")

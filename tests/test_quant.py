@@ -515,3 +515,18 @@ def test_a_q4_k_m_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_pa
     assert len(mixed.generate([prompt], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text.split()) >= 3
     print(f"Q4_K_M mix: NLL {nll:.4f} vs bf16 {base:.4f}; weights {mixed.engine.weight_bytes / 2**20:.0f} MiB, "
           f"file {os.path.getsize(path) / 2**20:.0f} MiB")
+
+
+def test_the_k_quant_fixtures_read_back_through_the_reference_dequantizer():
+    """tests/kquants.py packs in llama.cpp's layout: the gguf package reads its blocks back within
+    the rounding of 4 and 6 bits (a misplaced bit would cost ~100%)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize
+
+    from tests.kquants import quantize_q4_k, quantize_q6_k
+
+    w = np.random.default_rng(0).normal(0, 0.05, size=(32, 512)).astype(np.float32)
+    for quantize, kind, bound in ((quantize_q4_k, T.Q4_K, 0.1), (quantize_q6_k, T.Q6_K, 0.03)):
+        back = dequantize(quantize(w), kind)
+        assert np.sqrt(((back - w) ** 2).mean() / (w ** 2).mean()) < bound, kind.name

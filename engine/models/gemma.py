@@ -11,7 +11,7 @@ from torch import nn
 from engine.attention import PagedAttention, layer_window
 from engine.layers import GeluAndMul, OffsetRMSNorm, RotaryEmbedding
 from engine.linear import Linear
-from engine.models.llama import LlamaForCausalLM
+from engine.models.llama import LlamaForCausalLM, LlamaMLP
 from engine.models.registry import register_model
 
 
@@ -45,18 +45,11 @@ class GemmaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
-class GemmaMLP(nn.Module):
-    def __init__(self, cfg) -> None:
-        super().__init__()
-        inter = cfg.intermediate_size
-        if getattr(cfg, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
-            raise ValueError(f"unsupported Gemma activation {cfg.hidden_activation!r}")
-        self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, bias=False, shard_sizes={0: inter, 1: inter})
-        self.down_proj = Linear(inter, cfg.hidden_size, bias=False)
-        self.act = GeluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+def gemma_mlp(cfg) -> LlamaMLP:
+    """Llama's gated MLP with GeGLU (`gelu_pytorch_tanh`, the only activation Gemma configs name)."""
+    if getattr(cfg, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise ValueError(f"unsupported Gemma activation {cfg.hidden_activation!r}")
+    return LlamaMLP(cfg, GeluAndMul())
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -67,7 +60,7 @@ class GemmaDecoderLayer(nn.Module):
         self.self_attn = GemmaAttention(cfg, rotary, index)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
         self.pre_feedforward_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
-        self.mlp = GemmaMLP(cfg)
+        self.mlp = gemma_mlp(cfg)
         self.post_feedforward_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None):

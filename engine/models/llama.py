@@ -45,13 +45,14 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, act: nn.Module | None = None) -> None:
+        """act: the gated activation over [gate, up] (SiLU; Gemma passes GeGLU)."""
         super().__init__()
         inter = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * inter, bias=getattr(cfg, "mlp_bias", False),
                                    shard_sizes={0: inter, 1: inter})
         self.down_proj = Linear(inter, cfg.hidden_size, bias=getattr(cfg, "mlp_bias", False))
-        self.act = SiluAndMul()
+        self.act = act or SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))

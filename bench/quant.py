@@ -1,6 +1,7 @@
 """Quantization benchmark: weight bytes, quality (mean NLL on a passage that is not the
 calibration text) and generated tokens/s at 1 and 32 sessions, for bf16, int8, int4, GGUF-Q4_1
-kept packed and our GPTQ, all on SmolLM2 in one process. Also the row count at which the packed
+kept packed, our GPTQ, and GGUF files of the types people download (Q8_0 and a Q4_K_M mix, written
+by tests/kquants.py), all on SmolLM2 in one process. Also the row count at which the packed
 kernels stop beating dense bf16 (the engine's SMALL_M, OUR_SMALL_M where our C kernels run).
 
     python -m bench.quant [--concurrency 1 32] [--turns 2]
@@ -20,6 +21,7 @@ from engine import LLM
 from engine.linear import DenseKernel
 from engine.quant.gptq import quantize_checkpoint
 from engine.quant.kernels import Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from tests.kquants import q4_k_m_gguf, q8_0_gguf
 
 PASSAGE = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "eval_passage.txt")
 
@@ -57,11 +59,15 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=2)
     args = p.parse_args()
     text = open(PASSAGE).read()
-    with tempfile.TemporaryDirectory() as gptq_dir:
+    with tempfile.TemporaryDirectory() as gptq_dir, tempfile.TemporaryDirectory() as gguf_dir:
         quantize_checkpoint(None, gptq_dir, group_size=64)
+        q8_0, q4_k_m = os.path.join(gguf_dir, "q8_0.gguf"), os.path.join(gguf_dir, "q4_k_m.gguf")
+        q8_0_gguf(q8_0)
+        q4_k_m_gguf(q4_k_m)
         variants = [("bf16", {"quantization": "none"}), ("int8", {"quantization": "int8"}),
                     ("int4 (g32)", {"quantization": "int4"}), ("GGUF Q4_1 packed", {"quantization": "gguf"}),
-                    ("GPTQ g64 (ours)", {"model": gptq_dir})]
+                    ("GPTQ g64 (ours)", {"model": gptq_dir}), ("GGUF Q8_0 packed", {"model": q8_0}),
+                    ("GGUF Q4_K_M mix packed", {"model": q4_k_m})]
         rows = []
         for name, options in variants:
             llm = LLM(dtype="bfloat16", **options)

@@ -10,6 +10,7 @@ from engine.checkpoint.quantized import Packed4
 from engine.checkpoint.source import default_model_path
 from engine.linear import DenseKernel, can_pack
 from engine.quant.kernels import SMALL_M, Int4Weight, Int8Weight, quantize_int4, quantize_int8
+from tests.kquants import q4_k_m_gguf, q8_0_gguf, rewritten_gguf
 from tests.test_models import paged_logits
 
 
@@ -248,47 +249,12 @@ def test_gguf_q4_k_blocks_stay_packed_and_equal_the_reference_dequantizer():
     assert rel(weight.matmul(x), F.linear(x.float(), reference)) < 2e-2
 
 
-def rewritten_gguf(path: str, tensor) -> None:
-    """The embedded model's GGUF with its tensors passed through `tensor(t) -> (raw data, type)`;
-    its metadata copied as it is."""
-    import gguf
-
-    reader = gguf.GGUFReader(default_model_path())
-    writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
-    for field in reader.fields.values():
-        if field.name != "general.architecture" and not field.name.startswith("GGUF."):
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
-    tensors = [(t.name, *tensor(t)) for t in reader.tensors]
-    for name, data, kind in tensors:
-        writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for _, data, _ in tensors:
-        writer.write_tensor_data(data)
-    writer.close()
-
-
 def gguf_with_q4_k_ffn_down(path: str) -> None:
     """Every layer's ffn_down (1536 inputs: six super-blocks a row) as random Q4_K blocks."""
     from gguf import GGMLQuantizationType
 
     rewritten_gguf(path, lambda t: (q4_k_tensor(576, 1536, 0, d=2e-4).data, GGMLQuantizationType.Q4_K)
                    if t.name.endswith("ffn_down.weight") else (t.data, t.tensor_type))
-
-
-def q8_0_gguf(path: str) -> None:
-    """The default model as a Q8_0 file, as llama.cpp writes one: every matrix in Q8_0 blocks (here
-    quantized by the gguf package from the embedded Q4_1 weights), the norms in F32."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize, quantize
-
-    def q8(t):
-        if len(t.shape) < 2 or t.tensor_type == GGMLQuantizationType.F32:
-            return t.data, t.tensor_type
-        return quantize(dequantize(t.data, t.tensor_type), GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0
-    rewritten_gguf(path, q8)
 
 
 @pytest.mark.e2e
@@ -458,35 +424,6 @@ def test_a_q8_0_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path
     assert len(reply[0].outputs[0].text.split()) >= 3
     print(f"Q8_0: NLL {nll:.4f} vs bf16 {base:.4f}; weights {packed.engine.weight_bytes / 2**20:.0f} MiB, "
           f"file {os.path.getsize(path) / 2**20:.0f} MiB")
-
-
-def q4_k_m_gguf(path: str) -> None:
-    """The default model as llama.cpp's Q4_K_M mix would hold it: ffn_down in Q4_K, or Q6_K in the
-    layers llama.cpp gives more bits; attn_v in Q5_0, or Q8_0 there; the other matrices, whose 576
-    inputs are no multiple of 256, in Q5_0 (llama.cpp's fallback for Q4_K); the embedding in Q8_0."""
-    import re
-
-    from gguf import GGMLQuantizationType as T
-    from gguf.quants import dequantize, quantize
-
-    from tests.kquants import quantize_q4_k, quantize_q6_k
-
-    layers = 30
-
-    def more_bits(i: int) -> bool:  # llama.cpp's use_more_bits
-        return i < layers // 8 or i >= 7 * layers // 8 or (i - layers // 8) % 3 == 2
-
-    def mix(t):
-        if len(t.shape) < 2 or t.tensor_type == T.F32:
-            return t.data, t.tensor_type
-        w = dequantize(t.data, t.tensor_type)
-        layer = re.match(r"blk\.(\d+)\.", t.name)
-        extra = layer is not None and more_bits(int(layer.group(1)))
-        if t.name.endswith("ffn_down.weight"):
-            return (quantize_q6_k(w), T.Q6_K) if extra else (quantize_q4_k(w), T.Q4_K)
-        kind = T.Q8_0 if t.name == "token_embd.weight" or (extra and "attn_v" in t.name) else T.Q5_0
-        return quantize(w, kind), kind
-    rewritten_gguf(path, mix)
 
 
 @pytest.mark.e2e

@@ -145,7 +145,9 @@ def run_openai(url: str, model: str, concurrency: int, turns: int, seed: int) ->
 
 
 def profile_step(llm: LLM, batch: int, seed: int) -> dict:
-    """Share of one decode step spent in Python scheduling and input preparation at `batch`."""
+    """One decode step at `batch`: its time, the share spent in Python scheduling and input
+    preparation, and ms per step by kind of module (each Linear's kernel, attention, norms, rotary,
+    activation, the LM head; the rest is sampling and glue), timed by forward hooks."""
     eng = llm.engine
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for i in range(batch):
@@ -166,17 +168,31 @@ def profile_step(llm: LLM, batch: int, seed: int) -> dict:
         return wrapper
 
     eng.scheduler.schedule, eng.runner._prepare = timed("schedule", schedule), timed("prepare", prepare)
+    by_kind: dict[str, float] = {}
+    hooks = []
+    for name, module in eng.model.named_modules():
+        if any(True for _ in module.children()):
+            continue  # containers: their parts are timed
+        kind = "lm_head" if name == "lm_head" else type(module).__name__ + (
+            f" ({type(module.kernel).__name__})" if hasattr(module, "kernel") else "")
+        started = {}
+        hooks.append(module.register_forward_pre_hook(lambda m, a, s=started: s.__setitem__(0, time.perf_counter())))
+        hooks.append(module.register_forward_hook(
+            lambda m, a, o, s=started, k=kind: by_kind.__setitem__(k, by_kind.get(k, 0.0) + time.perf_counter() - s[0])))
     steps = 10
     for _ in range(steps):
         t = time.perf_counter()
         eng.step()
         timings["step"] += time.perf_counter() - t
+    for h in hooks:
+        h.remove()
     eng.scheduler.schedule, eng.runner._prepare = schedule, prepare
     for i in range(batch):
         eng.abort_request(f"p{i}")
     eng.step()
     return dict(step_ms=timings["step"] / steps * 1000,
-                python_share=(timings["schedule"] + timings["prepare"]) / timings["step"])
+                python_share=(timings["schedule"] + timings["prepare"]) / timings["step"],
+                by_kind={k: v / steps * 1000 for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])})
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -235,6 +251,11 @@ def main() -> None:
     if prof:
         print(f"decode step at batch {args.profile_batch}: {prof['step_ms']:.1f} ms, "
               f"Python scheduling + input preparation {prof['python_share']:.1%} of it")
+        print("\n| part of the step | ms | share |\n|---|---|---|")
+        for kind, ms in prof["by_kind"].items():
+            print(f"| {kind} | {ms:.1f} | {ms / prof['step_ms']:.0%} |")
+        rest = prof["step_ms"] - sum(prof["by_kind"].values())
+        print(f"| the rest (sampling, scheduling, inputs, glue) | {rest:.1f} | {rest / prof['step_ms']:.0%} |")
 
 
 def _transformers_model(llm: LLM):

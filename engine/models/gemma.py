@@ -8,41 +8,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import PagedAttention, layer_window
+from engine.attention import layer_window
 from engine.layers import GeluAndMul, OffsetRMSNorm, RotaryEmbedding
 from engine.linear import Linear
-from engine.models.llama import LlamaForCausalLM, LlamaMLP
+from engine.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from engine.models.registry import register_model
 
 
-class GemmaAttention(nn.Module):
-    def __init__(self, cfg, rotary: RotaryEmbedding, index: int) -> None:
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        bias = getattr(cfg, "attention_bias", False)
-        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=bias,
-                               shard_sizes={"q": q_size, "k": kv_size, "v": kv_size})
-        self.o_proj = Linear(q_size, cfg.hidden_size, bias=bias)
-        self.qk_norm = cfg.model_type.startswith("gemma3")
-        if self.qk_norm:
-            self.q_norm = OffsetRMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = OffsetRMSNorm(self.head_dim, cfg.rms_norm_eps)
-        softcap = None if self.qk_norm else getattr(cfg, "attn_logit_softcapping", None)  # Gemma 3 never caps
-        self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, cfg.query_pre_attn_scalar ** -0.5,
-                                   layer_window(cfg, index), softcap)
-        self.split = [q_size, kv_size, kv_size]
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.q_norm(q.contiguous()), self.k_norm(k.contiguous())
-        q, k = self.rotary(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+def gemma_attention(cfg, rotary: RotaryEmbedding, index: int) -> LlamaAttention:
+    """Llama's attention with Gemma's score scale, (1 + w) q/k norms (Gemma 3) and score softcap
+    (Gemma 2; Gemma 3's forward never applies one, whatever its config says)."""
+    softcap = None if cfg.model_type == "gemma3_text" else getattr(cfg, "attn_logit_softcapping", None)
+    return LlamaAttention(cfg, rotary, layer_window(cfg, index), scale=cfg.query_pre_attn_scalar ** -0.5,
+                          softcap=softcap, norm=OffsetRMSNorm)
 
 
 def gemma_mlp(cfg) -> LlamaMLP:
@@ -57,7 +35,7 @@ class GemmaDecoderLayer(nn.Module):
         super().__init__()
         eps = cfg.rms_norm_eps
         self.input_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
-        self.self_attn = GemmaAttention(cfg, rotary, index)
+        self.self_attn = gemma_attention(cfg, rotary, index)
         self.post_attention_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
         self.pre_feedforward_layernorm = OffsetRMSNorm(cfg.hidden_size, eps)
         self.mlp = gemma_mlp(cfg)

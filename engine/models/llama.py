@@ -13,7 +13,10 @@ from engine.models.registry import register_model
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg, rotary: RotaryEmbedding, window: int | None = None) -> None:
+    def __init__(self, cfg, rotary: RotaryEmbedding, window: int | None = None, *, scale: float | None = None,
+                 softcap: float | None = None, norm: type[RMSNorm] = RMSNorm) -> None:
+        """window: layer_window's; scale: the scores' (head_dim ** -0.5 unless given: Gemma's
+        query_pre_attn_scalar); softcap: Gemma 2's; norm: the q/k norms' kind (Qwen3 and Gemma 3 have them)."""
         super().__init__()
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads or cfg.num_attention_heads
@@ -25,12 +28,13 @@ class LlamaAttention(nn.Module):
                                shard_sizes={"q": q_size, "k": kv_size, "v": kv_size})
         o_bias = getattr(cfg, "attention_bias", False) and not is_qwen2
         self.o_proj = Linear(q_size, cfg.hidden_size, bias=o_bias)
-        self.qk_norm = cfg.model_type == "qwen3"
+        self.qk_norm = cfg.model_type in ("qwen3", "gemma3_text")
         if self.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.q_norm = norm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = norm(self.head_dim, cfg.rms_norm_eps)
         self.rotary = rotary
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5, window)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim,
+                                   self.head_dim ** -0.5 if scale is None else scale, window, softcap)
         self.split = [q_size, kv_size, kv_size]
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

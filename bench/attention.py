@@ -20,9 +20,11 @@ import time
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
 
-from engine import LLM, attention
+from engine import LLM, cascade
 from engine.config import EngineConfig
-from engine.attention import AttentionMetadata, PagedAttention, find_shared_prefix, key_pairs
+from engine.attention import AttentionMetadata, PagedAttention
+from engine.cascade import find_shared_prefix
+from engine.kv_layout import key_pairs
 
 
 def timed(fn, repeat: int) -> float:
@@ -50,12 +52,12 @@ def attention_alone(batch: int, prefix: int, suffix: int, repeat: int, dtype: to
     q = torch.randn(batch, H, D, dtype=dtype)
     plain = AttentionMetadata(torch.empty(0, dtype=torch.long), batch, table, lens)
     hashes = [list(range(shared_blocks + own_blocks))] * batch  # a known prefix: its K/V operands are reused
-    threshold, attention.MIN_SHARING_ROWS = attention.MIN_SHARING_ROWS, 1  # forced, to show where it pays
-    tokens, attention.MIN_SHARED_TOKENS = attention.MIN_SHARED_TOKENS, 0
-    cascade = AttentionMetadata(torch.empty(0, dtype=torch.long), batch, table, lens,
+    threshold, cascade.MIN_SHARING_ROWS = cascade.MIN_SHARING_ROWS, 1  # forced, to show where it pays
+    tokens, cascade.MIN_SHARED_TOKENS = cascade.MIN_SHARED_TOKENS, 0
+    sharing = AttentionMetadata(torch.empty(0, dtype=torch.long), batch, table, lens,
                                 shared=find_shared_prefix(table, lens, bs, hashes))
-    attention.MIN_SHARING_ROWS, attention.MIN_SHARED_TOKENS = threshold, tokens
-    return timed(lambda: attn._decode(q, plain), repeat), timed(lambda: attn._decode(q, cascade), repeat)
+    cascade.MIN_SHARING_ROWS, cascade.MIN_SHARED_TOKENS = threshold, tokens
+    return timed(lambda: attn._decode(q, plain), repeat), timed(lambda: attn._decode(q, sharing), repeat)
 
 
 def main() -> None:
@@ -68,13 +70,13 @@ def main() -> None:
     dtype = EngineConfig().resolved_dtype(torch.device("cpu"))
     print(f"{torch.get_num_threads()} threads, {dtype}; attention alone, one layer, prefix {args.prefix} + own "
           f"{args.suffix} tokens per sequence")
-    print(f"(the engine uses the cascade from {attention.MIN_SHARING_ROWS} decodes sharing "
-          f"{attention.shared_tokens_needed(dtype, 64)} tokens on)")
+    print(f"(the engine uses the cascade from {cascade.MIN_SHARING_ROWS} decodes sharing "
+          f"{cascade.shared_tokens_needed(dtype, 64)} tokens on)")
     print("| decodes | per-sequence kernel | cascade | ratio |")
     print("|---|---|---|---|")
     for batch in (4, 8, 16, 32, 48, 64):
-        plain, cascade = attention_alone(batch, args.prefix, args.suffix, args.repeat, dtype)
-        print(f"| {batch} | {plain:.2f} ms | {cascade:.2f} ms | {plain / cascade:.2f}x |")
+        plain, cascaded = attention_alone(batch, args.prefix, args.suffix, args.repeat, dtype)
+        print(f"| {batch} | {plain:.2f} ms | {cascaded:.2f} ms | {plain / cascaded:.2f}x |")
     if args.no_step:
         return
     from bench.throughput import profile_step
@@ -82,9 +84,9 @@ def main() -> None:
     llm = LLM(max_num_seqs=64)
     rows = {}
     # the step's prefix is the ~300-token system prompt: forced on
-    attention.MIN_SHARED_TOKENS = attention.MIN_SHARED_TOKENS_KERNEL = attention.MIN_SHARED_TOKENS_PLAIN = 0
-    for name, minimum in (("per-sequence", 10**9), ("cascade", attention.MIN_SHARING_ROWS)) * 2:
-        attention.MIN_SHARING_ROWS = minimum
+    cascade.MIN_SHARED_TOKENS = cascade.MIN_SHARED_TOKENS_KERNEL = cascade.MIN_SHARED_TOKENS_PLAIN = 0
+    for name, minimum in (("per-sequence", 10**9), ("cascade", cascade.MIN_SHARING_ROWS)) * 2:
+        cascade.MIN_SHARING_ROWS = minimum
         rows.setdefault(name, []).append(profile_step(llm, 64, 0)["step_ms"])
     print("\n| decode step, batch 64, default model | ms (two alternating runs, best) |")
     print("|---|---|")

@@ -144,7 +144,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     [num_blocks, Hkv, D/2, block_size, 2], v_cache [num_blocks, block_size, Hkv, D]; int64 tables, lengths.
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
-    out[rows[b]], lse[rows[b]] (engine/attention.py's cascade). threads: None for set_threads'."""
+    out[rows[b]], lse[rows[b]] (engine/cascade.py). threads: None for set_threads'."""
     B, H, D = q.shape
     _, block_size, Hkv, _ = v_cache.shape
     if H > 256:

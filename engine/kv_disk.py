@@ -32,7 +32,7 @@ MAX_PENDING_BYTES = 256 * 2**20  # copies waiting for the writer; past it a save
 
 def open_disk_tier(folder: str, capacity_bytes: int, identity: bytes, k_cache: torch.Tensor) -> DiskStore:
     """The store under `folder` for the model `identity` names (kv_disk_format.model_identity);
-    k_cache: [layers, blocks, ...] (attention.kv_cache_shapes)."""
+    k_cache: [layers, blocks, ...] (kv_layout.kv_cache_shapes)."""
     store = DiskStore(folder, identity, capacity_bytes, (k_cache.shape[0], k_cache[0, 0].numel()), k_cache.dtype)
     log.info("KV disk tier at %s: %d blocks (%.0f MiB) already there, bound %.0f MiB", store.folder,
              store.stats.blocks, store.stats.bytes / 2**20, capacity_bytes / 2**20)

@@ -12,7 +12,7 @@ from array import array
 
 import torch
 
-MAGIC = b"PCKV\x02\x00\x00\x00"  # 2: K in dimension pairs (attention.kv_cache_shapes); older files miss
+MAGIC = b"PCKV\x02\x00\x00\x00"  # 2: K in dimension pairs (kv_layout.kv_cache_shapes); older files miss
 HEADER = struct.Struct("<8s16s16sIQI")
 
 

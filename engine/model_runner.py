@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from engine import cpu_kernels
-from engine.attention import (AttentionMetadata, PrefillSeq, find_shared_prefix, kv_cache_shapes,
-                              shared_tokens_needed, use_metadata)
+from engine.attention import AttentionMetadata, PrefillSeq, use_metadata
+from engine.cascade import find_shared_prefix, shared_tokens_needed
+from engine.kv_layout import kv_cache_shapes
 from engine.linear import Linear
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.sampler import Sampler

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from engine import cpu_kernels
-from engine.attention import AttentionMetadata, PagedAttention, key_pairs, key_rows
+from engine.attention import AttentionMetadata, PagedAttention
+from engine.kv_layout import key_pairs, key_rows
 
 
 def reference(q, keys, values, scale):
@@ -93,11 +94,11 @@ def test_shared_prefix_cascade_matches_reference(dtype, tol, block_size, heads, 
     must equal plain attention over each sequence's whole K/V."""
     if not cpu_kernels.available():
         pytest.skip("no C compiler")
-    from engine import attention
-    from engine.attention import find_shared_prefix
+    from engine import cascade
+    from engine.cascade import find_shared_prefix
 
-    monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 4)
-    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 16)
+    monkeypatch.setattr(cascade, "MIN_SHARING_ROWS", 4)
+    monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS", 16)
     calls = []
     kernel = cpu_kernels.prefix_attention
     monkeypatch.setattr(cpu_kernels, "prefix_attention", lambda *a: calls.append(1) or kernel(*a))
@@ -143,7 +144,7 @@ def test_prefix_kernel_matches_reference(D, H, Hkv, S, P):
     normalised outputs and log-sum-exps, against fp64; q rows strided as the fused projection leaves them."""
     if not cpu_kernels.prefix_kernel(torch.bfloat16, D, P):
         pytest.skip("no AVX-512 BF16 on this CPU")
-    from engine.attention import prefix_attention, prefix_operands
+    from engine.cascade import prefix_attention, prefix_operands
 
     gen = torch.Generator().manual_seed(S * P + D)
     k_blocks = torch.randn(P // 16, 16, Hkv, D, generator=gen).bfloat16()
@@ -162,11 +163,11 @@ def test_prefix_kernel_matches_reference(D, H, Hkv, S, P):
 
 
 def test_no_shared_prefix_when_too_few_share_or_a_sequence_is_inside_it(monkeypatch):
-    from engine import attention
-    from engine.attention import find_shared_prefix
+    from engine import cascade
+    from engine.cascade import find_shared_prefix
 
-    monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 4)
-    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 16)
+    monkeypatch.setattr(cascade, "MIN_SHARING_ROWS", 4)
+    monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS", 16)
     table = torch.tensor([[3, 4, 5], [3, 4, 6], [3, 4, 7], [3, 9, 8]])
     hashes = [[10, 11, 12]] * 4
     assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, hashes).block_ids.tolist() == [3]
@@ -174,7 +175,7 @@ def test_no_shared_prefix_when_too_few_share_or_a_sequence_is_inside_it(monkeypa
     assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, []) is None  # content unknown
     # a sequence whose last token is in the first block keeps that block for itself
     assert find_shared_prefix(table, torch.tensor([40, 40, 16, 40]), 16, hashes) is None
-    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 32)  # a one-block prefix is too short to pay
+    monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS", 32)  # a one-block prefix is too short to pay
     assert find_shared_prefix(table, torch.tensor([40, 40, 40, 40]), 16, hashes) is None
 
 

@@ -120,15 +120,15 @@ def test_chat_returns_text_metrics_and_finish_reason(smol32):
 def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeypatch):
     """32 chats sharing the system prompt decode together: the cascade attends to the prefix once for
     all of them; the tokens equal those of per-sequence attention."""
-    from engine import attention
+    from engine import attention, cascade
 
     batch = prompts * 2
-    monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 10**9)
+    monkeypatch.setattr(cascade, "MIN_SHARING_ROWS", 10**9)
     per_sequence = tokens(smol32.generate(batch, GREEDY))
-    monkeypatch.setattr(attention, "MIN_SHARING_ROWS", 24)
-    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS", 0)  # the ~300-token system prompt is shared
-    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS_KERNEL", 0)
-    monkeypatch.setattr(attention, "MIN_SHARED_TOKENS_PLAIN", 0)
+    monkeypatch.setattr(cascade, "MIN_SHARING_ROWS", 24)
+    monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS", 0)  # the ~300-token system prompt is shared
+    monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS_KERNEL", 0)
+    monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS_PLAIN", 0)
     calls = []
     cascade = attention.PagedAttention._cascade_prefix
     monkeypatch.setattr(attention.PagedAttention, "_cascade_prefix", lambda self, q, meta: calls.append(1) or cascade(self, q, meta))

@@ -15,6 +15,14 @@ COLUMNS = ["day", "assistant", "chats", "turns", "handoff rate", "thumbs-up rate
            "tokens generated", "cached share of prompt tokens"]
 
 
+MAX_DAYS = 366
+
+
+def day_range(days) -> int:
+    """The days an operator asked for (a number field, a query value), as daily() takes them: 1 to MAX_DAYS."""
+    return max(1, min(int(30 if days is None else days), MAX_DAYS))
+
+
 def daily(store, days: int = 30, now: float | None = None) -> list[dict]:
     """One row per (day, assistant) with activity in the last `days` days, newest day first."""
     since = (now or time.time()) - days * 86400

@@ -113,7 +113,7 @@ class AnalyticsHandlers:
     def table(self, days, request: gr.Request):
         """(table rows, the chats-and-turns plot) over the last `days` days."""
         self.operator._check(request)
-        rows = analytics.daily(self.store, max(1, min(int(days or 30), 366)))
+        rows = analytics.daily(self.store, analytics.day_range(days))
         series = pd.DataFrame([{"day": pd.Timestamp(r["day"]), "value": r[k], "series": f"{r['assistant']} {k}"}
                                for r in rows for k in ("chats", "turns")], columns=["day", "value", "series"])
         return [[r[c] for c in analytics.COLUMNS] for r in rows], series
@@ -122,7 +122,7 @@ class AnalyticsHandlers:
 def analytics_panel() -> SimpleNamespace:
     with gr.Accordion("Analytics", open=False, elem_id="analytics"):
         with gr.Row():
-            days = gr.Number(30, precision=0, minimum=1, maximum=366, label="Days", elem_id="analytics-days")
+            days = gr.Number(30, precision=0, minimum=1, maximum=analytics.MAX_DAYS, label="Days", elem_id="analytics-days")
             refresh_btn = gr.Button("Show", size="sm", elem_id="analytics-refresh")
             csv_link = gr.HTML(downloads.analytics_link(30), elem_id="analytics-csv")
         plot = gr.LinePlot(x="day", y="value", color="series", title="Chats and turns per day", height=240)

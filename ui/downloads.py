@@ -15,7 +15,6 @@ from storage import StoreUnavailable, analytics
 from ui import transfer
 
 PREFIX = "/console/export"
-MAX_DAYS = 366
 TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson; charset=utf-8"}
 
 
@@ -56,7 +55,7 @@ def add_route(app: FastAPI, store, credentials: Credentials) -> None:
                                      "name (--admin)." if known else "Log in to /console as an operator first.",
                                      status_code=403 if known else 401)
         try:
-            text = body(store, name, max(1, min(days, MAX_DAYS)))
+            text = body(store, name, analytics.day_range(days))
         except StoreUnavailable as e:
             return PlainTextResponse(f"The database cannot be read just now: {e}", status_code=503)
         if text is None:
@@ -75,4 +74,4 @@ def links(*files: tuple[str, str]) -> str:
 
 
 def analytics_link(days) -> str:
-    return links(("Download CSV", f"analytics.csv?days={max(1, min(int(days or 30), MAX_DAYS))}"))
+    return links(("Download CSV", f"analytics.csv?days={analytics.day_range(days)}"))

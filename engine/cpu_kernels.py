@@ -75,7 +75,7 @@ def _build() -> ctypes.CDLL | None:
         "rotary_neox": (None, [ptr] * 2 + [i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
         "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),
-        "int4_matmul": matmul4, "int4_matmul_i8": matmul4, "int4_matmul_f32": matmul4,
+        "int4_matmul": matmul4, "int4_matmul_i8": matmul4, "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4,
         "int8_matmul": matmul8, "int8_matmul_i8": matmul8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul4,
     }
     for name, (restype, argtypes) in signatures.items():
@@ -270,6 +270,17 @@ def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
     return packed, group_scales(*pair)
 
 
+def int5_pack(q: torch.Tensor) -> torch.Tensor:
+    """q [N, K] in 0..31 -> [N/16, K/4, 40] uint8: each quad's 32 bytes of low nibbles as int4_pack
+    lays them, then its 64 high bits, bit t for byte t of the widened quad (csrc/quant_int8_rows.h)."""
+    N, K = q.shape
+    q = q.to(torch.uint8)
+    low, _ = int4_pack(q & 15, torch.ones(1, N), torch.zeros(1, N), torch.bfloat16)
+    high = (q >> 4).reshape(N // 16, 16, K // 4, 4)[..., [0, 2, 1, 3]].permute(0, 2, 1, 3).reshape(N // 16, K // 4, 8, 8)
+    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
+    return torch.cat([low.reshape(N // 16, K // 4, 32), (high * weights).sum(-1, dtype=torch.uint8)], dim=-1).contiguous()
+
+
 def group_scales(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
     """Per-group scales and zeros [G, N] -> the kernels' [N/16, G, 2, 16] (per block and group, 16
     scales then 16 zeros), in their dtype."""
@@ -302,6 +313,17 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gro
     fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul_i8 if int8_rows else _lib.int4_matmul
     _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads),
            "int4_matmul")
+    return y
+
+
+def int5_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """x [M, K] bf16 @ a 5-bit weight^T -> [M, N] bf16, the rows rounded to int8 per 32 inputs (AVX-512
+    VNNI): packed as int5_pack(q), scales and zeros as group_scales in bf16 (w = (q - 16) * scale + zero)."""
+    M, K = x.shape
+    x = x if x.is_contiguous() else x.contiguous()
+    y = x.new_empty(M, packed.shape[0] * 16)
+    _check(_lib.int5_matmul_i8(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
+                               group, _threads), "int5_matmul")
     return y
 
 

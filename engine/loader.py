@@ -14,7 +14,7 @@ from engine.kv_disk_format import model_identity
 from engine.linear import weight_bytes
 from engine.quant.choices import choose_mode
 from engine.quant.kernels import int8_rows_in_use
-from engine.quant.methods import pack_dense_linears, quantize_linears
+from engine.quant.methods import pack_dense_linears, quantize_linears, share_tied_embedding
 from engine.sizing import resolve_max_model_len
 
 log = logging.getLogger("pagedchat.loader")
@@ -36,7 +36,8 @@ class LoadedModel:
 
 
 def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, device: torch.device,
-         max_model_len: int | None, block_size: int, int8_activations: bool) -> LoadedModel:
+         max_model_len: int | None, block_size: int, int8_activations: bool,
+         dense_prompt_weights: bool = False) -> LoadedModel:
     """The model named by `model` (see checkpoint.source.resolve_model) with every Linear on its
     final kernel. Raises ValueError for a model or quantization that cannot be loaded."""
     source = resolve_model(model)
@@ -48,9 +49,11 @@ def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, dev
     net, packed = build_model(source, hf_config, dtype, device, max_len, keep_packed=keep_packed)
     if "dequantized" in mode:
         log.info("%s checkpoint dequantized to %s at load (no packed kernel takes that dtype here)", spec.method, dtype)
-    quantize_linears(net, mode, dtype, packed, int8_activations)
+    quantize_linears(net, mode, dtype, packed, int8_activations, dense_prompt_weights)
     identity = model_identity(net, dtype, mode, block_size)  # before packing: the weights as loaded
     pack_dense_linears(net)
+    if share_tied_embedding(net):  # the lookup reads the LM head's int8 rows: another model for the disk tier
+        identity = model_identity(net, dtype, f"{mode}|embedding {identity.hex()}", block_size)
     shown = mode + (", int8 rows" if int8_rows_in_use(net) else "")
     defaults, defaults_source = sampling_defaults(source)
     return LoadedModel(source, hf_config, tokenizer, net, max_len, mode, shown, identity, weight_bytes(net),

@@ -157,13 +157,14 @@ def test_the_engine_setting_picks_the_kernel_for_decode_rows(tiny_model, monkeyp
 
 @pytest.mark.skipif(torch.bfloat16 not in cpu_kernels.quant_matmul_dtypes(), reason="no AVX-512 BF16 and VNNI")
 def test_int8_rows_take_every_row_so_chunking_leaves_greedy_unchanged(tiny_model, monkeypatch):
-    """Without AMX, 4-bit layers with int8 rows keep no dense copy and take all 450 rows of a prompt
-    run in one step, so its greedy tokens equal those of the same prompt in chunks of 64; with AMX
-    (its flag faked) they keep the dense copy for large steps' prompt rows."""
+    """4-bit layers with int8 rows keep no dense copy (even with AMX, its flag faked, unless
+    dense_prompt_weights asks) and take all 450 rows of a prompt run in one step, so its greedy tokens
+    equal those of the same prompt in chunks of 64; with AMX and dense_prompt_weights they keep the
+    dense copy for large steps' prompt rows, without AMX they do not."""
     path, _ = tiny_model("qwen2")
-    from engine.quant import kernels
+    from engine.quant import methods
 
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset())
+    monkeypatch.setattr(methods, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     rows = []
     fn = cpu_kernels._lib.int4_matmul_i8
     monkeypatch.setattr(cpu_kernels._lib, "int4_matmul_i8", lambda *a: rows.append(a[4]) or fn(*a))
@@ -176,9 +177,11 @@ def test_int8_rows_take_every_row_so_chunking_leaves_greedy_unchanged(tiny_model
         tokens[budget] = llm.generate(prompt, params)[0].outputs[0].token_ids
     assert 450 in rows and max(rows) == 450  # the whole prompt in one step, through the packed kernel
     assert tokens[1024] == tokens[64]
-    monkeypatch.setattr(kernels, "cpu_flags", lambda: frozenset({"amx_bf16"}))
-    amx = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64)
+    amx = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64, dense_prompt_weights=True)
     assert amx.engine.model.model.layers[0].mlp.down_proj.kernel.dense is not None
+    monkeypatch.setattr(methods, "cpu_flags", lambda: frozenset())
+    plain = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64, dense_prompt_weights=True)
+    assert plain.engine.model.model.layers[0].mlp.down_proj.kernel.dense is None
 
 
 def test_int4_act_order_permutation_is_undone():
@@ -376,28 +379,96 @@ def random_blocks(kind, rows: int, cols: int, seed: int = 0):
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K"])
 def test_gguf_8_6_and_5_bit_blocks_stay_int8_and_equal_the_reference_dequantizer(kind):
-    """Q8_0 and the 5- and 6-bit types (what Q8_0, Q6_K and Q4_K_M files hold besides Q4_K) kept as
-    int8 in groups of 32 (Q6_K: 16): equal to the gguf package's dequantization of the same bytes; the kernel's product
-    (rows rounded to int8 per 32, as llama.cpp's Q8 activations) equals the dense one, and a row
-    computes the same alone as in a batch."""
+    """Q8_0 and the 5- and 6-bit types (what Q8_0, Q6_K and Q4_K_M files hold besides Q4_K) as
+    integers in groups of 32 (Q6_K: 16): equal to the gguf package's dequantization of the same bytes;
+    the kernel's product (int8 groups, and the 5-bit kernel for the 5-bit types; rows rounded to int8
+    per 32, as llama.cpp's Q8 activations) equals the dense one, and a row computes the same alone as
+    in a batch."""
     import gguf
     from gguf.quants import dequantize
 
     from engine.checkpoint.gguf import _int8_groups
-    from engine.quant.kernels import Int8GroupWeight
+    from engine.quant.kernels import Int5Weight, Int8GroupWeight
 
     t = random_blocks(gguf.GGMLQuantizationType[kind], 64, 512)
     packed = _int8_groups(t, None)
     reference = torch.from_numpy(dequantize(t.data, t.tensor_type).astype("float32"))
     assert packed.q.dtype == torch.int8 and packed.scales.shape == (512 // packed.group, 64)
+    assert packed.bits == (5 if kind.startswith("Q5") else 8)
+    assert int(packed.q.max()) - int(packed.q.min()) < 2 ** packed.bits
     assert torch.allclose(packed.dequantize(), reference, rtol=1e-6, atol=1e-7)
     if not Int8GroupWeight.runs_here((64, 512), torch.bfloat16, torch.device("cpu")):
         pytest.skip("no AVX-512 VNNI with bf16 here: these layers stay dense")
-    weight = Int8GroupWeight(packed.q, packed.scales, packed.zeros, torch.bfloat16, packed.group)
     x = torch.randn(9, 512, generator=torch.Generator().manual_seed(5)).bfloat16()
-    together = weight._packed_matmul(x)
-    assert rel(together, F.linear(x.float(), reference)) < 2e-2
-    assert torch.equal(weight._packed_matmul(x[3:4]), together[3:4])
+    kernels = [Int8GroupWeight] + ([Int5Weight] if packed.bits == 5 else [])
+    for kernel in kernels:
+        weight = kernel(packed.q, packed.scales, packed.zeros, torch.bfloat16, packed.group)
+        together = weight._packed_matmul(x)
+        assert rel(together, F.linear(x.float(), reference)) < 2e-2, kernel
+        assert torch.equal(weight._packed_matmul(x[3:4]), together[3:4])
+
+
+def test_the_5_bit_kernel_reads_the_high_bits():
+    """Integers 0..31 against the same weights with only their low 4 bits: the high bit (16) is in the
+    product, in each of a quad's four positions and each of a block's 16 columns."""
+    from engine.quant.kernels import Int5Weight, Int8GroupWeight
+
+    if not Int8GroupWeight.runs_here((32, 64), torch.bfloat16, torch.device("cpu")):
+        pytest.skip("no AVX-512 VNNI with bf16 here")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randint(0, 32, (32, 64), generator=g, dtype=torch.int8)
+    scales, zeros = torch.full((2, 32), 0.01), torch.zeros(2, 32)
+    x = torch.randn(3, 64, generator=g).bfloat16()
+    for k in range(4):  # one input at a time: its column of w times x[k]
+        one = torch.zeros_like(x)
+        one[:, k] = x[:, k]
+        y = Int5Weight(q, scales, zeros, torch.bfloat16)._packed_matmul(one).float()
+        expected = F.linear(one.float(), q.float() * 0.01)  # Packed8's convention: w = q * scale + zero
+        assert rel(y, expected) < 2e-2, k
+
+
+def test_an_int8_lm_head_gives_back_its_rows_in_every_layout(monkeypatch):
+    """Int8Weight.rows (what serves a tied embedding's lookup) equals q * scale for the rows asked,
+    from our kernels' layouts (int8 rows, bf16 rows, fp32) and torch's."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 96, generator=g)
+    q, scales = quantize_int8(w)
+    ids = torch.tensor([0, 17, 63, 17, 40])
+    expected = q[ids].float() * scales[ids][:, None]
+    layouts = [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, False)]
+    for dtype, int8_rows in layouts:
+        weight = Int8Weight(q, scales, dtype, keep_dense=False, int8_rows=int8_rows)
+        assert torch.allclose(weight.rows(ids), expected, rtol=1e-2 if weight.q.dim() == 2 else 0), (dtype, int8_rows)
+    monkeypatch.setattr(cpu_kernels, "quant_kernel_dtype", lambda dtype: None)  # torch's kernel: plain [N, K]
+    weight = Int8Weight(q, scales, torch.bfloat16, keep_dense=False)
+    assert weight.q.dim() == 2 and torch.allclose(weight.rows(ids), expected, rtol=1e-2)
+
+
+@pytest.mark.e2e
+def test_the_default_model_keeps_its_embedding_once_in_the_int8_lm_head(monkeypatch):
+    """The embedded GGUF's tied embedding is looked up from the LM head's int8 weight (no bf16 table
+    beside it): the weights take less than the file, exactly the table's bytes less than with the
+    table, the lookup equals the head's rows, and the mean NLL stays within 0.5% of the same model
+    with its bf16 table."""
+    import os
+
+    from engine import loader
+    from engine.quant.kernels import PackedEmbedding
+
+    llm = LLM(dtype="bfloat16", num_kv_blocks=64)
+    model = llm.engine.model
+    assert isinstance(model.model.embed_tokens, PackedEmbedding)
+    assert not any("embed_tokens" in name for name, _ in model.named_parameters())
+    assert llm.engine.weight_bytes < os.path.getsize(default_model_path())
+    ids = torch.tensor([[5, 900, 49151]])
+    assert torch.equal(model.model.embed_tokens(ids)[0], model.lm_head.kernel.rows(ids[0]).bfloat16())
+    monkeypatch.setattr(loader, "share_tied_embedding", lambda net: False)
+    table = LLM(dtype="bfloat16", num_kv_blocks=64)
+    embedding = table.engine.model.model.embed_tokens.weight
+    assert table.engine.weight_bytes - llm.engine.weight_bytes == embedding.numel() * 2
+    text = open(os.path.join(os.path.dirname(__file__), "data", "eval_passage.txt")).read()
+    tokens = llm.get_tokenizer().encode(text)[:384]
+    assert llm.mean_nll(tokens) < 1.005 * table.mean_nll(tokens)
 
 
 @pytest.mark.e2e
@@ -428,12 +499,13 @@ def test_a_q8_0_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path
 
 @pytest.mark.e2e
 def test_a_q4_k_m_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path):
-    """Every block type of a Q4_K_M mix stays packed (Q4_K in the int4 kernel, Q6_K / Q5_0 / Q8_0 as
-    int8 groups where that kernel runs); the model answers and its mean NLL on the eval passage
+    """Every block type of a Q4_K_M mix stays packed (Q4_K in the int4 kernel, Q5_0 in the 5-bit one,
+    Q6_K / Q8_0 as int8 groups, where those kernels run) in at most 1.3x the file's bytes (the int8 LM
+    head serves the embedding lookup too); the model answers and its mean NLL on the eval passage
     stays within 1.05x of the embedded model's weights dense in bf16."""
     import os
 
-    from engine.quant.kernels import Int8GroupWeight
+    from engine.quant.kernels import Int5Weight, Int8GroupWeight, PackedEmbedding
 
     path = str(tmp_path / "smollm2-q4_k_m.gguf")
     q4_k_m_gguf(path)
@@ -444,7 +516,10 @@ def test_a_q4_k_m_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_pa
     if Int8GroupWeight.runs_here((576, 1536), torch.bfloat16, torch.device("cpu")):
         assert isinstance(layers[0].mlp.down_proj.kernel, Int8GroupWeight)  # Q6_K, groups of 16
         assert layers[0].mlp.down_proj.kernel.group_size == 16
-        assert isinstance(layers[5].self_attn.qkv_proj.kernel, Int8GroupWeight)  # Q5_0 shards, one kernel
+        assert isinstance(layers[4].self_attn.qkv_proj.kernel, Int5Weight)  # Q5_0 shards, one 5-bit kernel
+        assert isinstance(layers[5].self_attn.qkv_proj.kernel, Int8GroupWeight)  # Q5_0 q, k beside a Q8_0 v
+        assert isinstance(mixed.engine.model.model.embed_tokens, PackedEmbedding)
+        assert mixed.engine.weight_bytes <= 1.3 * os.path.getsize(path)
     ids = mixed.get_tokenizer().encode(open(os.path.join(os.path.dirname(__file__), "data", "eval_passage.txt")).read())
     nll, base = mixed.mean_nll(ids[:384]), dense.mean_nll(ids[:384])
     assert nll < 1.05 * base, (nll, base)

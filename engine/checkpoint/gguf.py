@@ -1,6 +1,6 @@
 """GGUF weights read once with the `gguf` package: llama.cpp tensor names mapped to transformers
-names, llama.cpp's q/k row permutation undone, 4-bit blocks (Q4_0, Q4_1, Q4_K) kept packed when
-asked. (The config and tokenizer come from checkpoint/source.py.)"""
+names, llama.cpp's q/k row permutation undone, the blocks our kernels run (4-, 5-, 6- and 8-bit) kept
+packed when asked. (The config and tokenizer come from checkpoint/source.py.)"""
 from __future__ import annotations
 
 import re
@@ -19,7 +19,7 @@ _LAYER_NAMES = {
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _Q4_BLOCK_BYTES = {2: 18, 3: 20, 12: 144}  # GGMLQuantizationType Q4_0, Q4_1 (32 weights), Q4_K (256)
-_INT8_GROUP_TYPES = {8: "Q8_0", 6: "Q5_0", 7: "Q5_1", 13: "Q5_K", 14: "Q6_K"}  # kept as int8 in groups of 32 (Q6_K: 16)
+_INT8_GROUP_TYPES = {8: "Q8_0", 6: "Q5_0", 7: "Q5_1", 13: "Q5_K", 14: "Q6_K"}  # Packed8: groups of 32 (Q6_K: 16)
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 
@@ -42,7 +42,7 @@ def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
 def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tuple[str, torch.Tensor | Packed4 | Packed8]]:
     """Every tensor once, under its transformers name. With `keep_packed`, the projections' blocks
     stay packed, read from the raw bytes (no float round trip): Q4_0 / Q4_1 / Q4_K as Packed4, Q8_0 /
-    Q5_0 / Q5_1 / Q5_K / Q6_K as Packed8; everything else is dequantized to fp32."""
+    Q6_K as Packed8, Q5_0 / Q5_1 / Q5_K as Packed8 of 5 bits; everything else is dequantized to fp32."""
     import gguf
     from gguf.quants import dequantize
 
@@ -107,8 +107,8 @@ def _q4_k_groups(data: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _int8_groups(t, heads: int | None) -> Packed8:
-    """A Q8_0 / Q5_0 / Q5_1 / Q5_K tensor as int8 in groups of 32, a Q6_K one in groups of 16:
-    w = q * scale + zero, exactly. The integers come from the gguf package's own dequantizer run on
+    """A Q8_0 / Q5_0 / Q5_1 / Q5_K tensor as integers in groups of 32 (the 5-bit ones marked so), a
+    Q6_K one in groups of 16: w = q * scale + zero, exactly. The integers come from the gguf package's own dequantizer run on
     the same blocks with their scales set to one and their mins to zero (its bit unpacking, not a
     copy of it); the scales and mins are the blocks' own."""
     import gguf
@@ -142,4 +142,5 @@ def _int8_groups(t, heads: int | None) -> Packed8:
     scale, zero = (torch.from_numpy(np.ascontiguousarray(x).reshape(rows, -1)) for x in (scale, zero))
     if heads:
         q, scale, zero = (unpermute_rows(x, heads) for x in (q, scale, zero))
-    return Packed8(q, scale.T.contiguous(), zero.T.contiguous(), 16 if kind == kinds.Q6_K else 32)
+    return Packed8(q, scale.T.contiguous(), zero.T.contiguous(), 16 if kind == kinds.Q6_K else 32,
+                   5 if kind in (kinds.Q5_0, kinds.Q5_1, kinds.Q5_K) else 8)

@@ -24,6 +24,7 @@ class Packed4:
     zeros: torch.Tensor
     perm: torch.Tensor | None
     group: int
+    bits = 4
 
     def dequantize(self) -> torch.Tensor:
         g = torch.arange(self.q.shape[1]) // self.group
@@ -33,12 +34,14 @@ class Packed4:
 
 @dataclass
 class Packed8:
-    """One Linear's 8-bit weight in groups of 32 (GGUF's Q8_0 and 5-bit blocks) or 16 (Q6_K): q [N, K]
-    int8, scales and zeros [G, N] fp32, w = q * scale + zero."""
+    """One Linear's weight of up to 8 bits in groups of 32 (GGUF's Q8_0 and 5-bit blocks) or 16 (Q6_K):
+    q [N, K] int8, scales and zeros [G, N] fp32, w = q * scale + zero. `bits` 5: q spans at most 32
+    values (-16..15 or 0..31), which the 5-bit kernel keeps in 5 bits."""
     q: torch.Tensor
     scales: torch.Tensor
     zeros: torch.Tensor
     group: int = 32
+    bits: int = 8
     perm = None
 
     def dequantize(self) -> torch.Tensor:

@@ -29,6 +29,8 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
                 int threads);
 int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                    int threads);
+int int5_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                   int threads);
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads);
 int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads);
 int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,

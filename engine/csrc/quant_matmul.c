@@ -116,14 +116,15 @@ ALWAYS_INLINE void tile8(const int8_t *packed, const float *scales, const uint16
 #include "quant_int8_rows.h"
 
 /* The kinds of tile: KIND is a constant at every call. */
-enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16, INT8G_I8 = 20, INT8G16_I8 = 24 };
+enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16, INT8G_I8 = 20, INT8G16_I8 = 24, INT5_I8 = 28 };
 
 ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
                             const float *xqsum, uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N,
                             const int MR, const int NB, const enum kind KIND) {
     if (KIND == INT4) tile4(packed, scales, x, xsum, y, b0, m0, K, G, group, N, MR, NB);
     else if (KIND == INT8) tile8(packed, scales, x, y, b0, m0, K, N, MR, NB);
-    else if (KIND == INT4_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB);
+    else if (KIND == INT4_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB, 4);
+    else if (KIND == INT5_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB, 5);
     else if (KIND == INT8G_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB, 32);
     else if (KIND == INT8G16_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB, 16);
     else tile8_i8(packed, scales, x, xd, xsum, y, b0, m0, K, N, MR, NB);
@@ -189,6 +190,7 @@ static void columns_part(void *ctx, int part, int parts) {
         if (j->kind == INT4) COLUMNS(INT4); /* a constant at each call: the tiles unroll for it */
         else if (j->kind == INT8) COLUMNS(INT8);
         else if (j->kind == INT4_I8) COLUMNS(INT4_I8);
+        else if (j->kind == INT5_I8) COLUMNS(INT5_I8);
         else if (j->kind == INT8G_I8) COLUMNS(INT8G_I8);
         else if (j->kind == INT8G16_I8) COLUMNS(INT8G16_I8);
         else COLUMNS(INT8_I8);
@@ -253,6 +255,11 @@ int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *
     return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, INT4_I8);
 }
 
+int int5_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                   int threads) {
+    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, INT5_I8);
+}
+
 int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
     return with_int8_rows(x, packed, scales, y, M, K, N, K, threads, INT8_I8);
 }
@@ -278,6 +285,12 @@ int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void 
 
 int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
     (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
+    return PC_UNSUPPORTED;
+}
+
+int int5_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                   int threads) {
+    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
     return PC_UNSUPPORTED;
 }
 

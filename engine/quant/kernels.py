@@ -5,19 +5,20 @@ the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 (`int8_rows`);
 engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else PyTorch's
 `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul (engine/linear.py)
 on many rows, so each weight also keeps a dense copy in the model dtype (prompt rows take it) and
-`packed_rows` picks the path per call; 4-bit weights with int8 rows take every row and keep none, except
-on CPUs with AMX, where large steps' prompt rows take the dense copy.
+`packed_rows` picks the path per call; weights with int8 rows (4-bit, GGUF's 5-, 6- and 8-bit blocks, the
+LM head) take every row and keep none, unless the engine's dense_prompt_weights asks for one on a CPU
+with AMX, where large steps' prompt rows then take it.
 CUDA: `torch._weight_int4pack_mm` for every row count, no dense copy.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from engine import cpu_kernels
 from engine.attention import decode_rows
 from engine.checkpoint.quantized import INT4_GROUP_SIZES
-from engine.config import cpu_flags
 from engine.linear import DenseKernel, Linear, LinearKernel
 
 # Rows up to which the packed kernels beat dense bf16 in a decode step on this CPU. Measured in the
@@ -42,8 +43,10 @@ INT8_ROWS_SMALL_M = 64
 # ms, int8 rows vs dense bf16, 2 threads): 3072x576 64 rows 0.73 vs 1.79, 256 3.0 vs 8.5, 1024 13.5 vs
 # 26.5; 576x1536 1024 rows 9.2 vs 16.2; a 1024-token prompt step 2156 -> 1252 ms. On an AMD EPYC (AVX-512,
 # no AMX, 2026-12-01; one layer's four matmuls) 64 rows 1.87 vs 4.16, 256 6.6 vs 9.2, 512 14.2 vs 12.8,
-# 1024 33 vs 27. Where the CPU has AMX, oneDNN's bf16 tiles take the prompt rows of steps above
-# INT8_ROWS_ALL_ROWS_AMX rows (a dense copy is kept for them).
+# 1024 33 vs 27. Where the CPU has AMX and dense_prompt_weights asks for it, oneDNN's bf16 tiles take the
+# prompt rows of steps above INT8_ROWS_ALL_ROWS_AMX rows, from a dense copy: on a Xeon with AMX (2026-12-04)
+# a 1500-token prompt of the default model as Q4_K_M took 1.34 s so against 1.94 s, for 310 MiB of
+# weights against 108.
 INT8_ROWS_ALL_ROWS_AMX = 384
 
 
@@ -104,12 +107,13 @@ class Int4Weight(QuantizedWeight):
     `perm` (act-order checkpoints) reorders the input features so groups are contiguous.
     On a CPU with AVX-512 BF16, few rows go through our kernel (engine/csrc/quant_matmul.c), else
     through torch's. `int8_rows`: bf16 rows are rounded to int8 per 32 inputs where that kernel runs
-    (the engine's int8_activations)."""
+    (the engine's int8_activations); then it takes every row of every step and keeps no dense copy,
+    unless `prompt_copy` (the engine's dense_prompt_weights, on a CPU with AMX)."""
     bits = 4
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
                  dtype: torch.dtype, perm: torch.Tensor | None = None, keep_dense: bool = True,
-                 int8_rows: bool = True) -> None:
+                 int8_rows: bool = True, prompt_copy: bool = False) -> None:
         N, K = q.shape
         if group_size not in INT4_GROUP_SIZES or K % group_size or N % 16:
             raise ValueError(f"int4 kernel needs group size in {INT4_GROUP_SIZES}, K % group == 0, N % 16 == 0; "
@@ -127,7 +131,7 @@ class Int4Weight(QuantizedWeight):
             else:
                 self.packed = torch._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1)
         self.small_m = OUR_SMALL_M[4, self.kernel_dtype] if self.kernel_dtype is not None else SMALL_M
-        every_row = self.int8_rows and "amx_bf16" not in cpu_flags()
+        every_row = self.int8_rows and not prompt_copy
         self.all_rows = INT8_ROWS_ALL_ROWS_AMX if self.int8_rows else 0
         self.dense = DenseKernel(self.dequantize(q, scales, zeros).to(dtype)) \
             if keep_dense and device.type == "cpu" and not every_row else None
@@ -164,7 +168,7 @@ class Int8Weight(QuantizedWeight):
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, keep_dense: bool = True,
                  int8_rows: bool = True) -> None:
         self.q = q.to(torch.int8).contiguous()
-        self.dtype = dtype
+        self.dtype, self.shape_k = dtype, q.shape[1]
         fits = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if fits else None
         self.int8_rows = self.kernel_dtype == torch.bfloat16 and int8_rows and q.shape[1] % 32 == 0
@@ -186,22 +190,49 @@ class Int8Weight(QuantizedWeight):
             return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.scales).to(x.dtype)
         return F.linear(x, (self.q.to(x.dtype) * self.scales.to(x.dtype)[:, None]))
 
+    def rows(self, n: torch.Tensor) -> torch.Tensor:
+        """Rows n of W (fp32, [len(n), K]), read from whichever layout the kernel keeps: what lets a
+        tied LM head's weight serve the embedding lookup too (PackedEmbedding)."""
+        N, K = self.q.shape[0] * (16 if self.q.dim() > 2 else 1), self.shape_k
+        if self.q.dim() == 2:  # torch's kernels: plain [N, K]
+            q = self.q[n].float()
+        elif self.int8_rows:  # [N/16, K/4, 64]: q + 128, each quad's k in the order 0, 2, 1, 3 (its own inverse)
+            quads = self.q.view(N // 16, K // 4, 16, 4)[n // 16, :, n % 16][..., [0, 2, 1, 3]]
+            q = quads.reshape(-1, K).float() - 128
+        elif self.kernel_dtype == torch.float32:  # [N/16, K, 16]
+            q = self.q[n // 16, :, n % 16].float()
+        else:  # bf16 rows: [N/16, K/2, 32], byte 2c + i of pair p is q[16b + c, 2p + i]
+            q = self.q.view(N // 16, K // 2, 16, 2)[n // 16, :, n % 16].reshape(-1, K).float()
+        return q * self.scales[n].float()[:, None]
+
     @property
     def nbytes(self) -> int:
         return self.q.numel() + self.scales.numel() * self.scales.element_size()
+
+
+class PackedEmbedding(nn.Module):
+    """The embedding lookup of a model whose LM head is tied to it and quantized: the head's weight
+    holds the table once (the rows are dequantized per token; a step looks up at most a few thousand),
+    instead of a second copy in the model dtype (54 MiB of SmolLM2's 135M weights)."""
+
+    def __init__(self, kernel: Int8Weight, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.kernel, self.dtype = kernel, dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.kernel.rows(ids.reshape(-1)).to(self.dtype).view(*ids.shape, -1)
 
 
 class Int8GroupWeight(QuantizedWeight):
     """w[n, k] = q[n, k] * scale[g, n] + zero[g, n], g = k // group (32, or 16 for Q6_K), q int8:
     GGUF's Q8_0, 5-bit and 6-bit blocks kept 8-bit. Our kernel only (csrc/quant_int8_rows.h's tile8g_i8: bf16 rows rounded to int8 per 32
     inputs, AVX-512 VNNI); `runs_here` says whether it can, else the weight is dense. As Int4Weight
-    with int8 rows, it takes every row and keeps no dense copy, but where the CPU has AMX (there
-    large steps' prompt rows take a dense copy)."""
+    with int8 rows, it takes every row and keeps no dense copy unless `prompt_copy`."""
     bits = 8
     int8_rows = True
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype,
-                 group: int = 32) -> None:
+                 group: int = 32, prompt_copy: bool = False) -> None:
         self.N, self.K, self.dtype, self.group_size = *q.shape, dtype, group
         self.packed = cpu_kernels.int8_pack(q.to(torch.int8), torch.bfloat16, int8_rows=True)
         self.scales_and_zeros = cpu_kernels.group_scales(scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
@@ -209,7 +240,7 @@ class Int8GroupWeight(QuantizedWeight):
         self.all_rows = INT8_ROWS_ALL_ROWS_AMX
         g = torch.arange(self.K) // group
         self.dense = DenseKernel((q.float() * scales.float()[g].T + zeros.float()[g].T).to(dtype)) \
-            if "amx_bf16" in cpu_flags() else None
+            if prompt_copy else None
 
     @staticmethod
     def runs_here(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> bool:
@@ -224,6 +255,33 @@ class Int8GroupWeight(QuantizedWeight):
     @property
     def nbytes(self) -> int:
         return self.packed.numel() + self.scales_and_zeros.numel() * 2
+
+
+class Int5Weight(Int8GroupWeight):
+    """w[n, k] = (q[n, k] - 16) * scale[g, n] + zero[g, n], q in 0..31, groups of 32: GGUF's Q5_0,
+    Q5_1 and Q5_K blocks in 5 bits (0.75 bytes a weight with the scales, int8 would take 1.125). Takes
+    `q` as Packed8 holds it (w = q * scale + zero, q in -16..15 or 0..31). Our kernel only
+    (csrc/quant_int8_rows.h's tile4_i8 with BITS 5), rows rounded to int8 as Int8GroupWeight's."""
+    bits = 5
+
+    def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype,
+                 group: int = 32, prompt_copy: bool = False) -> None:
+        lift = 16 if int(q.min()) < 0 else 0  # to 0..31
+        if group != 32 or int(q.max()) + lift > 31 or int(q.min()) + lift < 0:
+            raise ValueError("5-bit weights need groups of 32 and integers spanning at most 32 values")
+        q5, zeros = q.to(torch.int32) + lift, zeros + (16 - lift) * scales  # w = (q5 - 16) * scale + zero'
+        self.N, self.K, self.dtype, self.group_size = *q.shape, dtype, group
+        self.packed = cpu_kernels.int5_pack(q5)
+        self.scales_and_zeros = cpu_kernels.group_scales(scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
+        self.small_m = INT8_ROWS_SMALL_M
+        self.all_rows = INT8_ROWS_ALL_ROWS_AMX
+        g = torch.arange(self.K) // group
+        self.dense = DenseKernel(((q5.float() - 16) * scales.float()[g].T + zeros.float()[g].T).to(dtype)) \
+            if prompt_copy else None
+
+    def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.int5_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros,
+                                       self.group_size).to(x.dtype)
 
 
 class ConcatWeight(QuantizedWeight):

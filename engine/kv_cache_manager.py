@@ -21,12 +21,21 @@ class BlockCopier(Protocol):
     def write_block(self, block_id: int, kv: Any) -> None: ...
 
 
+# Holds the place of a block every layer's window has passed (window_blocks_freed): block 0's id in
+# the table, never read (the kernels start at each row's window; the torch paths mask it out).
+OUT_OF_WINDOW = KVBlock(0)
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool, window: int | None = None) -> None:
+        """`window`: the sliding window when every attention layer has one (Mistral): blocks that
+        fell out of it go back to the pool while their request runs."""
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.window = window
         self.req_blocks: dict[str, list[KVBlock]] = {}
+        self.req_window_start: dict[str, int] = {}  # blocks before it are OUT_OF_WINDOW
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
         self.disk: DiskStore | None = None
@@ -86,7 +95,21 @@ class KVCacheManager:
             blocks.extend(self.pool.get_new_blocks(needed))
         if self.enable_caching:
             self._cache_full_blocks(req, blocks, min(total, req.num_tokens) // self.block_size)
+        if self.window is not None:
+            self._free_out_of_window(req.request_id, blocks, num_computed)
         return True
+
+    def _free_out_of_window(self, request_id: str, blocks: list[KVBlock], num_computed: int) -> None:
+        """The first token this step computes attends back to num_computed - window + 1, later ones
+        further on: blocks wholly before it are read by no layer again. They go back to the pool (a
+        full one stays in the prefix cache, evictable) and OUT_OF_WINDOW keeps their place."""
+        start = self.req_window_start.get(request_id, 0)
+        end = max(0, num_computed - self.window + 1) // self.block_size
+        for i in range(start, end):
+            if blocks[i] is not OUT_OF_WINDOW:
+                self.pool.free([blocks[i]])
+                blocks[i] = OUT_OF_WINDOW
+        self.req_window_start[request_id] = max(start, end)
 
     def _cache_full_blocks(self, req: Request, blocks: list[KVBlock], num_full: int) -> None:
         """Register blocks that are full once this step's tokens are written. Their K/V is
@@ -94,7 +117,7 @@ class KVCacheManager:
         self._update_hashes(req, num_full)
         bs, tokens = self.block_size, req.all_token_ids
         for i in range(num_full):
-            if blocks[i].block_hash is None:
+            if blocks[i].block_hash is None and blocks[i] is not OUT_OF_WINDOW:
                 self.pool.cache_block(blocks[i], req.block_hashes[i], tokens[i * bs:(i + 1) * bs])
 
     def fork(self, parent: Request, child: Request, num_tokens: int) -> tuple[int, int] | None:
@@ -106,21 +129,24 @@ class KVCacheManager:
         last = (num_tokens - 1) // self.block_size
         parent_blocks = self.req_blocks[parent.request_id]
         shared = parent_blocks[:last]
-        self.pool.touch(shared)
+        self.pool.touch(b for b in shared if b is not OUT_OF_WINDOW)
         copy = self.pool.get_new_blocks(1)[0]
         self.req_blocks[child.request_id] = [*shared, copy]
+        if request_start := self.req_window_start.get(parent.request_id):
+            self.req_window_start[child.request_id] = min(request_start, last)
         return parent_blocks[last].block_id, copy.block_id
 
     def free(self, req: Request, written_tokens: int | None = None) -> None:
         """Release a request's blocks. With `written_tokens` (a request preempted in the step that
         scheduled it), blocks registered past them lose their hash: their K/V was never written."""
         blocks = self.req_blocks.pop(req.request_id, None)
+        self.req_window_start.pop(req.request_id, None)
         if not blocks:
             return
         for block in blocks[written_tokens // self.block_size:] if written_tokens is not None else ():
             if block.block_hash is not None and block.ref_cnt == 1:
                 self.pool.uncache(block)
-        self.pool.free(reversed(blocks))
+        self.pool.free(b for b in reversed(blocks) if b is not OUT_OF_WINDOW)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix: the pool's and the disk tier's."""

@@ -60,7 +60,9 @@ class LLMEngine:
         self.max_model_len = fit_to_pool(self.max_model_len, config.max_model_len, num_blocks, config.block_size)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, self.device, config.seed,
                                   config.logprobs_mode, config.resolved_threads())
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        windows = [layer.window for layer in self.model.attention_layers()]
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                 min(windows) if windows and None not in windows else None)
         if config.kv_disk:
             store = open_disk_tier(kv_disk_folder(config.kv_disk), config.kv_disk_bytes, loaded.identity,
                                    self.runner.k_cache)

@@ -9,6 +9,7 @@ import psutil
 import torch
 
 from engine.client import BlockState
+from engine.kv_cache_manager import OUT_OF_WINDOW
 from engine.llm_engine import LLMEngine
 
 
@@ -27,6 +28,8 @@ def take_snapshot(engine: LLMEngine) -> dict:
     for request_id, blocks in engine.kv.req_blocks.items():
         owner = engine.session_of(request_id) or request_id
         for i, block in enumerate(blocks):
+            if block is OUT_OF_WINDOW:  # its place only: block 0 is not this request's
+                continue
             owners.setdefault(block.block_id, owner)
             positions.setdefault(block.block_id, i)  # its place in that request's block table
     memory = {"rss": psutil.Process().memory_info().rss, "weights": engine.weight_bytes,

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from engine import LLM
+from engine.kv_cache_manager import OUT_OF_WINDOW
 from engine.outputs import ScheduledRequest
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -97,3 +98,35 @@ def test_windows_and_gemma_generate_what_transformers_generates(arch, tiny_model
         assert out.outputs[0].token_ids == ref
     assert ours[1].num_cached_tokens >= 32  # the second prompt found the first's blocks cached
     llm.engine.check_integrity()
+
+
+def test_blocks_out_of_every_window_go_back_to_the_pool(tiny_model):
+    """Mistral with a window of 8 and blocks of 16: a 100-token reply holds at most the blocks its
+    window touches (not all 9 of its table), block 0's id stands in for the rest, and the greedy
+    tokens still equal transformers'; a model with one global layer (qwen2-window) frees nothing."""
+    path, hf_model = tiny_model("mistral-window")
+    llm = LLM(path, dtype="float32", num_kv_blocks=64, block_size=16, max_num_batched_tokens=24)
+    assert llm.engine.kv.window == 8
+    prompt = [int(t) for t in torch.randint(0, hf_model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(5))]
+    engine, held = llm.engine, []
+    engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=100, ignore_eos=True), request_id="long")
+    tokens = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = out.outputs[0].token_ids
+        if "long" in engine.kv.req_blocks:
+            table = engine.kv.req_blocks["long"]
+            held.append(sum(1 for b in table if b is not OUT_OF_WINDOW))
+            engine.kv.pool.check_integrity()
+    assert max(held) <= 3 and held[-1] <= 2, held  # a window of 8 spans at most two blocks of 16, plus the new one
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=100, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert tokens == ref
+    engine.check_integrity()
+    twins = llm.generate([prompt], SamplingParams(temperature=0.8, n=2, seed=1, max_tokens=60, ignore_eos=True))
+    assert [len(c.token_ids) for c in twins[0].outputs] == [60, 60]  # forked tables with stand-ins in them
+    engine.check_integrity()
+    path, _ = tiny_model("qwen2-window")
+    assert LLM(path, dtype="float32", num_kv_blocks=64).engine.kv.window is None

@@ -271,14 +271,16 @@ def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
 
 
 def int5_pack(q: torch.Tensor) -> torch.Tensor:
-    """q [N, K] in 0..31 -> [N/16, K/4, 40] uint8: each quad's 32 bytes of low nibbles as int4_pack
-    lays them, then its 64 high bits, bit t for byte t of the widened quad (csrc/quant_int8_rows.h)."""
+    """q [N, K] in 0..31 -> [N/16, K/4 * 40] uint8: per block of 16 columns its quads' low nibbles as
+    int4_pack lays them (32 bytes each), then each quad's 64 high bits, bit t for byte t of the widened
+    quad (csrc/quant_int8_rows.h)."""
     N, K = q.shape
     q = q.to(torch.uint8)
     low, _ = int4_pack(q & 15, torch.ones(1, N), torch.zeros(1, N), torch.bfloat16)
     high = (q >> 4).reshape(N // 16, 16, K // 4, 4)[..., [0, 2, 1, 3]].permute(0, 2, 1, 3).reshape(N // 16, K // 4, 8, 8)
     weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
-    return torch.cat([low.reshape(N // 16, K // 4, 32), (high * weights).sum(-1, dtype=torch.uint8)], dim=-1).contiguous()
+    masks = (high * weights).sum(-1, dtype=torch.uint8)
+    return torch.cat([low.reshape(N // 16, -1), masks.reshape(N // 16, -1)], dim=-1).contiguous()
 
 
 def group_scales(scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:

@@ -318,26 +318,17 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gro
     return y
 
 
-def int5_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
-    """x [M, K] bf16 @ a 5-bit weight^T -> [M, N] bf16, the rows rounded to int8 per 32 inputs (AVX-512
-    VNNI): packed as int5_pack(q), scales and zeros as group_scales in bf16 (w = (q - 16) * scale + zero)."""
+def group_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int, bits: int) -> torch.Tensor:
+    """x [M, K] bf16 @ a weight in groups of `group` inputs^T -> [M, N] bf16, the rows rounded to int8 per
+    32 inputs (AVX-512 VNNI); scales and zeros as group_scales in bf16. `bits` 8 (groups of 16 or 32):
+    packed as int8_pack(q, int8_rows=True), w = q * scale + zero; 5 (groups of 32): packed as
+    int5_pack(q), w = (q - 16) * scale + zero."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()
     y = x.new_empty(M, packed.shape[0] * 16)
-    _check(_lib.int5_matmul_i8(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
-                               group, _threads), "int5_matmul")
-    return y
-
-
-def int8g_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
-    """x [M, K] bf16 @ an 8-bit weight in groups of `group` (16 or 32)^T -> [M, N] bf16, the rows
-    rounded to int8 per 32 inputs (AVX-512 VNNI): packed as int8_pack(q, int8_rows=True), scales and
-    zeros as group_scales in bf16 (w = q * scale + zero)."""
-    M, K = x.shape
-    x = x if x.is_contiguous() else x.contiguous()
-    y = x.new_empty(M, packed.shape[0] * 16)
-    _check(_lib.int8g_matmul_i8(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1],
-                                group, _threads), "int8g_matmul")
+    fn = _lib.int5_matmul_i8 if bits == 5 else _lib.int8g_matmul_i8
+    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group, _threads),
+           "group_matmul")
     return y
 
 

@@ -231,16 +231,22 @@ class Int8GroupWeight(QuantizedWeight):
     bits = 8
     int8_rows = True
 
+    offset = 0  # the packed integers' w = (q - offset) * scale + zero
+
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype,
                  group: int = 32, prompt_copy: bool = False) -> None:
         self.N, self.K, self.dtype, self.group_size = *q.shape, dtype, group
-        self.packed = cpu_kernels.int8_pack(q.to(torch.int8), torch.bfloat16, int8_rows=True)
+        self.packed = self._pack(q)
         self.scales_and_zeros = cpu_kernels.group_scales(scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
         self.small_m = INT8_ROWS_SMALL_M
         self.all_rows = INT8_ROWS_ALL_ROWS_AMX
         g = torch.arange(self.K) // group
-        self.dense = DenseKernel((q.float() * scales.float()[g].T + zeros.float()[g].T).to(dtype)) \
+        self.dense = DenseKernel(((q.float() - self.offset) * scales.float()[g].T + zeros.float()[g].T).to(dtype)) \
             if prompt_copy else None
+
+    @staticmethod
+    def _pack(q: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.int8_pack(q.to(torch.int8), torch.bfloat16, int8_rows=True)
 
     @staticmethod
     def runs_here(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> bool:
@@ -249,8 +255,8 @@ class Int8GroupWeight(QuantizedWeight):
                 and cpu_kernels.has("quant_bf16") and N % 16 == 0 and K % 32 == 0)
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.int8g_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros,
-                                        self.group_size).to(x.dtype)
+        return cpu_kernels.group_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros, self.group_size,
+                                        self.bits).to(x.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -262,26 +268,19 @@ class Int5Weight(Int8GroupWeight):
     Q5_1 and Q5_K blocks in 5 bits (0.75 bytes a weight with the scales, int8 would take 1.125). Takes
     `q` as Packed8 holds it (w = q * scale + zero, q in -16..15 or 0..31). Our kernel only
     (csrc/quant_int8_rows.h's tile4_i8 with BITS 5), rows rounded to int8 as Int8GroupWeight's."""
-    bits = 5
+    bits, offset = 5, 16
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype,
                  group: int = 32, prompt_copy: bool = False) -> None:
         lift = 16 if int(q.min()) < 0 else 0  # to 0..31
         if group != 32 or int(q.max()) + lift > 31 or int(q.min()) + lift < 0:
             raise ValueError("5-bit weights need groups of 32 and integers spanning at most 32 values")
-        q5, zeros = q.to(torch.int32) + lift, zeros + (16 - lift) * scales  # w = (q5 - 16) * scale + zero'
-        self.N, self.K, self.dtype, self.group_size = *q.shape, dtype, group
-        self.packed = cpu_kernels.int5_pack(q5)
-        self.scales_and_zeros = cpu_kernels.group_scales(scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
-        self.small_m = INT8_ROWS_SMALL_M
-        self.all_rows = INT8_ROWS_ALL_ROWS_AMX
-        g = torch.arange(self.K) // group
-        self.dense = DenseKernel(((q5.float() - 16) * scales.float()[g].T + zeros.float()[g].T).to(dtype)) \
-            if prompt_copy else None
+        # w = q * scale + zero == (q5 - 16) * scale + zero', q5 = q + lift
+        super().__init__(q.to(torch.int32) + lift, scales, zeros + (16 - lift) * scales, dtype, group, prompt_copy)
 
-    def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.int5_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros,
-                                       self.group_size).to(x.dtype)
+    @staticmethod
+    def _pack(q: torch.Tensor) -> torch.Tensor:
+        return cpu_kernels.int5_pack(q)
 
 
 class ConcatWeight(QuantizedWeight):

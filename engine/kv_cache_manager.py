@@ -21,7 +21,7 @@ class BlockCopier(Protocol):
     def write_block(self, block_id: int, kv: Any) -> None: ...
 
 
-# Holds the place of a block every layer's window has passed (window_blocks_freed): block 0's id in
+# Holds the place of a block every layer's window has passed (_free_out_of_window): block 0's id in
 # the table, never read (the kernels start at each row's window; the torch paths mask it out).
 OUT_OF_WINDOW = KVBlock(0)
 

@@ -388,7 +388,7 @@ def test_gguf_8_6_and_5_bit_blocks_stay_int8_and_equal_the_reference_dequantizer
     from gguf.quants import dequantize
 
     from engine.checkpoint.gguf import _int8_groups
-    from engine.quant.kernels import Int5Weight, Int8GroupWeight
+    from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
 
     t = random_blocks(gguf.GGMLQuantizationType[kind], 64, 512)
     packed = _int8_groups(t, None)
@@ -411,7 +411,7 @@ def test_gguf_8_6_and_5_bit_blocks_stay_int8_and_equal_the_reference_dequantizer
 def test_the_5_bit_kernel_reads_the_high_bits():
     """Integers 0..31 against the same weights with only their low 4 bits: the high bit (16) is in the
     product, in each of a quad's four positions and each of a block's 16 columns."""
-    from engine.quant.kernels import Int5Weight, Int8GroupWeight
+    from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
 
     if not Int8GroupWeight.runs_here((32, 64), torch.bfloat16, torch.device("cpu")):
         pytest.skip("no AVX-512 VNNI with bf16 here")
@@ -477,7 +477,7 @@ def test_a_q8_0_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path
     and its mean NLL on the eval passage stays within 1.05x of the same weights dense in bf16."""
     import os
 
-    from engine.quant.kernels import Int8GroupWeight
+    from engine.quant.group_kernels import Int8GroupWeight
 
     path = str(tmp_path / "smollm2-q8_0.gguf")
     q8_0_gguf(path)
@@ -505,7 +505,8 @@ def test_a_q4_k_m_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_pa
     stays within 1.05x of the embedded model's weights dense in bf16."""
     import os
 
-    from engine.quant.kernels import Int5Weight, Int8GroupWeight, PackedEmbedding
+    from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
+    from engine.quant.kernels import PackedEmbedding
 
     path = str(tmp_path / "smollm2-q4_k_m.gguf")
     q4_k_m_gguf(path)

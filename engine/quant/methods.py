@@ -12,8 +12,8 @@ from engine.linear import DenseKernel, Linear, LinearKernel
 from engine.quant.choices import CHECKPOINT_FORMATS
 from engine.checkpoint.load import place_dequantized
 from engine.checkpoint.quantized import Packed8
-from engine.quant.kernels import (ConcatWeight, Int4Weight, Int5Weight, Int8GroupWeight, Int8Weight, PackedEmbedding,
-                                  quantize_int4, quantize_int8)
+from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
+from engine.quant.kernels import ConcatWeight, Int4Weight, Int8Weight, PackedEmbedding, quantize_int4, quantize_int8
 
 log = logging.getLogger("pagedchat.quant")
 

@@ -45,7 +45,7 @@ INT8_ROWS_SMALL_M = 64
 # no AMX, 2026-12-01; one layer's four matmuls) 64 rows 1.87 vs 4.16, 256 6.6 vs 9.2, 512 14.2 vs 12.8,
 # 1024 33 vs 27. Where the CPU has AMX and dense_prompt_weights asks for it, oneDNN's bf16 tiles take the
 # prompt rows of steps above INT8_ROWS_ALL_ROWS_AMX rows, from a dense copy: on a Xeon with AMX (2026-12-04)
-# a 1500-token prompt of the default model as Q4_K_M took 1.34 s so against 1.94 s, for 310 MiB of
+# a 1500-token prompt of the default model as Q4_K_M took 1.34 s with it against 1.94 s, for 310 MiB of
 # weights against 108.
 INT8_ROWS_ALL_ROWS_AMX = 384
 

@@ -41,6 +41,14 @@ class IncrementalDetokenizer:
                 return stop
         return None
 
+    def add_tokens(self, token_ids: list[int]) -> tuple[str | None, int]:
+        """Append tokens up to the first stop string: (that string or None, how many were taken)."""
+        for taken, token_id in enumerate(token_ids, 1):
+            stop = self.add(token_id)
+            if stop is not None:
+                return stop, taken
+        return None, len(token_ids)
+
     def take_delta(self, finished: bool) -> str:
         """New text safe to show: while running, hold back what could start a stop string."""
         end = len(self.text) if finished else max(self.emitted, len(self.text) - self.holdback)

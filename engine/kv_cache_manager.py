@@ -148,6 +148,16 @@ class KVCacheManager:
                 self.pool.uncache(block)
         self.pool.free(b for b in reversed(blocks) if b is not OUT_OF_WINDOW)
 
+    def free_past(self, req: Request, num_tokens: int) -> None:
+        """Give back the blocks after the first `num_tokens` tokens (slots of rejected drafts: they
+        were never registered, since drafts are not the request's tokens)."""
+        blocks = self.req_blocks.get(req.request_id)
+        keep = -(-num_tokens // self.block_size)
+        if blocks and len(blocks) > keep:
+            extra = blocks[keep:]
+            del blocks[keep:]
+            self.pool.free(reversed(extra))
+
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix: the pool's and the disk tier's."""
         self.pool.reset_prefix_cache()
@@ -165,7 +175,8 @@ class KVCacheManager:
         for s in scheduled:
             req = s.request
             blocks = self.req_blocks.get(req.request_id, ())
-            full = min((req.num_computed_tokens + s.num_tokens) // bs, len(blocks))
+            written = req.num_computed_tokens + s.num_tokens - len(s.draft_token_ids)  # drafts: not yet its tokens
+            full = min(written // bs, len(blocks))
             for block in blocks[req.num_saved_blocks:full]:
                 if block.block_hash is not None and not self.disk.contains(block.block_hash):
                     self.disk.save(block.block_hash, block.token_ids, self._copier.read_block(block.block_id))

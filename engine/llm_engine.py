@@ -165,23 +165,20 @@ class LLMEngine:
     # ---- one iteration ------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
+        t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             if self.scheduler.loading:  # nothing to run until the disk tier has read a prefix
                 self.kv.wait_for_disk(timeout=0.05)
             return outputs
-        t0 = time.perf_counter()
+        decode_tokens = sched.num_decode_tokens
         try:
             result = self.runner.execute(sched)
         except Exception as e:  # a failed forward fails its requests, never the engine
             log.exception("step failed")
             self.kv.reset_prefix_cache()  # blocks registered for this step may hold unwritten K/V
-            for s in sched.scheduled:
-                t = self._tracked.get(s.request.request_id)
-                if t is not None:
-                    t.request.error = f"{type(e).__name__}: {e}"
-                    self.scheduler.finish(t.request, RequestStatus.FINISHED_ERROR)
-                    outputs.append(self._finalize(t))
+            outputs += [self._fail(t, f"{type(e).__name__}: {e}") for s in sched.scheduled
+                        if (t := self._tracked.get(s.request.request_id)) is not None]
             return outputs
         self.kv.save_computed(sched.scheduled)
         if self._families:
@@ -190,23 +187,30 @@ class LLMEngine:
         if result.logprobs or result.prompt_logprobs:
             self.logprobs.record(result, {s.request.request_id: s.request for s in sched.scheduled})
         for request_id, why in result.failed.items():  # its own fault: the batch and the cache go on
-            t = self._tracked.get(request_id)
-            if t is not None:
+            if (t := self._tracked.get(request_id)) is not None:
                 log.warning("request %s failed: %s", request_id, why)
-                t.request.error = why
-                self.scheduler.finish(t.request, RequestStatus.FINISHED_ERROR)
-                outputs.append(self._finalize(t))
+                outputs.append(self._fail(t, why))
+        new_tokens = 0
         for req in changed:
             t = self._tracked[req.request_id]
             if req.grammar is not None and not req.is_finished:
                 self._advance_grammar(req)
-            stop = t.detok.add(req.output_token_ids[-1])
+            stop, taken = t.detok.add_tokens(req.output_token_ids[t.outputs_sent:])  # several: kept drafts
+            req.truncate_output(t.outputs_sent + taken)  # a stop string ends the reply at its token
             if stop is not None and not req.is_finished:
                 req.stop_reason = stop
                 self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
+            new_tokens += taken
             outputs.append(self._finalize(t) if req.is_finished else self._make_output(t))
-        self.stats.record_step(sched, len(changed), time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self.scheduler.record_step_time(sched, seconds)
+        self.stats.record_step(sched, decode_tokens, new_tokens, seconds)
         return outputs
+
+    def _fail(self, t: _Tracked, why: str) -> RequestOutput:
+        t.request.error = why
+        self.scheduler.finish(t.request, RequestStatus.FINISHED_ERROR)
+        return self._finalize(t)
 
     def _fork_families(self, sched) -> None:
         """Leaders (n > 1) whose prompt this step completed fork their siblings, before anything frees it."""
@@ -245,7 +249,7 @@ class LLMEngine:
             finished=finished and (family is None or (family.forked and not family.live)),
             num_cached_tokens=max(req.num_cached_tokens, 0),
             metrics=RequestMetrics(req.arrival_time, req.scheduled_time, req.first_token_time, req.finished_time,
-                                   req.params.max_tokens),
+                                   req.params.max_tokens, req.num_draft_tokens, req.num_accepted_tokens),
             error=req.error, delta_text=delta_text, delta_token_ids=delta_ids,
             prompt_logprobs=list(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None)
 
@@ -271,6 +275,7 @@ class LLMEngine:
         s.num_preemptions = self.scheduler.num_preemptions
         s.prefix_cache_queries = self.kv.prefix_queries
         s.prefix_cache_hits = self.kv.prefix_hits
+        s.record_spec(self.scheduler.spec)
         disk = self.kv.disk_stats()
         if disk is not None:
             s.record_disk(disk, self.kv.disk_queries, self.kv.disk_hits)

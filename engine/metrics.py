@@ -17,6 +17,7 @@ from engine.outputs import EngineStats, RequestOutput
 log = logging.getLogger("pagedchat.metrics")
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+_RATE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 _ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -89,6 +90,14 @@ class EngineMetrics:
         self.disk_queries = counter("vllm:external_prefix_cache_queries",
                                     "Prompt tokens looked up in the KV disk tier (past the pool's hit)")
         self.disk_hits = counter("vllm:external_prefix_cache_hits", "Prompt tokens loaded from the KV disk tier")
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Speculative drafts verified (a request's, per step)")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified")
+        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens kept")
+        self.spec_accepted_per_pos = counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens kept, by their position in the draft", ["position"])
+        self.request_acceptance = histogram("pagedchat:request_spec_decode_acceptance_rate",
+                                            "Per request that drafted: the share of its draft tokens kept",
+                                            _RATE_BUCKETS)
         self.disk_blocks = gauge("pagedchat:kv_disk_blocks", "KV blocks stored in the disk tier")
         self.disk_bytes = gauge("pagedchat:kv_disk_bytes", "Bytes of the disk tier's files")
         self.disk_capacity = gauge("pagedchat:kv_disk_capacity_bytes", "Size bound of the disk tier (0: off)")
@@ -133,9 +142,16 @@ class EngineMetrics:
                 (self.disk_read, stats.kv_disk_read_bytes, last.kv_disk_read_bytes),
                 (self.disk_written, stats.kv_disk_written_bytes, last.kv_disk_written_bytes),
                 (self.disk_corrupt, stats.kv_disk_corrupt_files, last.kv_disk_corrupt_files),
-                (self.disk_dropped, stats.kv_disk_dropped_writes, last.kv_disk_dropped_writes)):
+                (self.disk_dropped, stats.kv_disk_dropped_writes, last.kv_disk_dropped_writes),
+                (self.spec_drafts, stats.spec_decode_num_drafts, last.spec_decode_num_drafts),
+                (self.spec_draft_tokens, stats.spec_decode_num_draft_tokens, last.spec_decode_num_draft_tokens),
+                (self.spec_accepted, stats.spec_decode_num_accepted_tokens, last.spec_decode_num_accepted_tokens)):
             if now > before:
                 self._l(counter).inc(now - before)
+        for pos, now in enumerate(stats.spec_decode_accepted_per_pos):
+            before = last.spec_decode_accepted_per_pos[pos] if pos < len(last.spec_decode_accepted_per_pos) else 0
+            if now > before:
+                self._l(self.spec_accepted_per_pos, str(pos)).inc(now - before)
         self._last = stats
         self._l(self.running).set(stats.num_running)
         self._l(self.waiting).set(stats.num_waiting)
@@ -173,6 +189,8 @@ class EngineMetrics:
         if m is None:
             return
         finished = m.finished_time or now
+        if m.num_draft_tokens:
+            self._l(self.request_acceptance).observe(m.num_accepted_tokens / m.num_draft_tokens)
         if m.max_tokens is not None:
             self._l(self.request_max_tokens).observe(m.max_tokens)
         if m.first_token_time is not None:

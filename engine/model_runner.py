@@ -89,40 +89,57 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         logits, samplers, prompt_scores = self.forward(sched)
+        out = ModelRunnerOutput({}, prompt_logprobs=prompt_scores)
+        if any(s.draft_token_ids for s in samplers):
+            logits, samplers = self._verify_drafts(logits, samplers, out)
         if not samplers:
-            return ModelRunnerOutput({}, prompt_logprobs=prompt_scores)
+            return out
         requests = [s.request for s in samplers]
         scored_logits = logits
         try:
-            out = ModelRunnerOutput({r.request_id: t for r, t in zip(requests, self.sampler(logits, requests))})
+            out.sampled.update({r.request_id: [t] for r, t in zip(requests, self.sampler(logits, requests))})
             if self.logprobs_mode == "processed_logprobs":
                 scored_logits = self.sampler.processed
         except Exception:  # noqa: BLE001 - a fault is the request's own: find whose, row by row
-            out = self._sample_rows(logits, requests)
-        out.prompt_logprobs = prompt_scores
+            self._sample_rows(logits, requests, out)
         asking = [(i, r) for i, r in enumerate(requests) if r.params.logprobs is not None and r.request_id in out.sampled]
         if asking:  # raw (the model's, vLLM's default) or processed (what was sampled from): logprobs_mode
             rows = torch.tensor([i for i, _ in asking], device=logits.device)
-            chosen = [out.sampled[r.request_id] for _, r in asking]
+            chosen = [out.sampled[r.request_id][0] for _, r in asking]
             scored = score_tokens(scored_logits[rows], chosen, max(r.params.logprobs for _, r in asking))
             for (_, r), token, entry in zip(asking, chosen, scored):
                 out.logprobs[r.request_id] = trim(entry, token, r.params.logprobs)
         return out
 
-    def _sample_rows(self, logits: torch.Tensor, requests: list) -> ModelRunnerOutput:
+    def _verify_drafts(self, logits: torch.Tensor, samplers: list[ScheduledRequest], out: ModelRunnerOutput):
+        """Settle the requests that drafted (1 + drafts rows each); returns the other rows and requests."""
+        plain_rows, plain, spec_rows, spec = [], [], [], []
+        row = 0
+        for s in samplers:
+            n = 1 + len(s.draft_token_ids)
+            (spec_rows if s.draft_token_ids else plain_rows).extend(range(row, row + n))
+            (spec if s.draft_token_ids else plain).append(s)
+            row += n
+        spec_logits = logits[torch.tensor(spec_rows, device=logits.device)]
+        try:
+            kept = self.sampler.verify(spec_logits, [s.request for s in spec], [s.draft_token_ids for s in spec])
+            out.sampled.update({s.request.request_id: k for s, k in zip(spec, kept)})
+        except Exception as e:  # noqa: BLE001 - their own fault: the rest of the batch goes on
+            out.failed.update({s.request.request_id: f"sampling failed: {type(e).__name__}: {e}" for s in spec})
+        return logits[torch.tensor(plain_rows, dtype=torch.long, device=logits.device)], plain
+
+    def _sample_rows(self, logits: torch.Tensor, requests: list, out: ModelRunnerOutput) -> None:
         """Sample each row alone: the rows that fail fail their request, the others go on."""
-        out = ModelRunnerOutput({})
         for i, req in enumerate(requests):
             try:
-                out.sampled[req.request_id] = self.sampler(logits[i:i + 1], [req])[0]
+                out.sampled[req.request_id] = self.sampler(logits[i:i + 1], [req])
             except Exception as e:  # noqa: BLE001
                 out.failed[req.request_id] = f"sampling failed: {type(e).__name__}: {e}"
-        return out
 
     @torch.inference_mode()
     def forward(self, sched: SchedulerOutput):
-        """Run the model on one step's batch: logits [n, V] for the n requests that sample, those
-        requests, and the prompt log-probabilities of this chunk for requests that ask for them."""
+        """Run the model on one step's batch: logits for the requests that sample (a row each, 1 + drafts
+        rows for one that drafted), those requests, and the prompt log-probabilities of this chunk for requests that ask for them."""
         cpu_kernels.set_threads(self.threads)  # before _prepare, which reads it
         items = sorted(sched.scheduled, key=self._row_order)  # rows attended one by one first (stable)
         input_ids, positions, meta, logits_rows, samplers = self._prepare(items)
@@ -191,10 +208,11 @@ class ModelRunner:
         prefills: list[PrefillSeq] = []
         num_decode = 0
         for s in items:
-            req, n, blocks = s.request, s.num_tokens, s.block_ids
+            req, n, blocks, drafts = s.request, s.num_tokens, s.block_ids, s.draft_token_ids
             start = req.num_computed_tokens
             row = len(ids)
-            ids.extend(req.all_token_ids[start:start + n])
+            ids.extend(req.all_token_ids[start:start + n - len(drafts)])
+            ids.extend(drafts)
             for p in range(start, start + n):
                 pos.append(p)
                 slots.append(blocks[p // bs] * bs + p % bs)
@@ -207,8 +225,8 @@ class ModelRunner:
             else:
                 used = torch.tensor(blocks[:-(-ctx_len // bs)], dtype=torch.long, device=self.device)
                 prefills.append(PrefillSeq(row, n, ctx_len, used))
-            if s.samples:
-                logits_rows.append(row + n - 1)
+            if s.samples:  # the last row, and with drafts every row that verifies one
+                logits_rows.extend(range(row + n - 1 - len(drafts), row + n))
                 samplers.append(s)
         dev = self.device
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=dev), num_decode, prefills=prefills)

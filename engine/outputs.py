@@ -10,13 +10,15 @@ from engine.request import Request
 @dataclass
 class ScheduledRequest:
     request: Request
-    num_tokens: int  # tokens computed for it this step (1 for decode, a chunk for prefill)
+    num_tokens: int  # rows computed for it this step (1 for decode, a chunk for prefill, 1 + drafts)
     block_ids: list[int]
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative tokens after its last one
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the end of the known tokens, so a new one is sampled."""
-        return self.request.num_computed_tokens + self.num_tokens == self.request.num_tokens
+        known = self.num_tokens - len(self.draft_token_ids)
+        return self.request.num_computed_tokens + known == self.request.num_tokens
 
 
 @dataclass
@@ -32,10 +34,18 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled
 
+    @property
+    def num_decode_tokens(self) -> int:
+        """Rows that compute an output token (a decode, with its drafts), as scheduled: before the
+        step's update moves the requests' progress."""
+        return sum(s.num_tokens for s in self.scheduled if s.num_tokens - len(s.draft_token_ids) == 1
+                   and s.request.num_computed_tokens >= s.request.num_prompt_tokens)
+
 
 @dataclass
 class ModelRunnerOutput:
-    sampled: dict[str, int]  # request_id -> new token id (only for requests that sample)
+    # request_id -> its new token ids (requests that sample): one, or with drafts the kept ones and one more
+    sampled: dict[str, list[int]]
     failed: dict[str, str] = field(default_factory=dict)  # request_id -> why its sampling failed
     # request_id -> {token id: (logprob, rank)} for the sampled token and the top-N (requests that ask)
     logprobs: dict[str, dict[int, tuple[float, int]]] = field(default_factory=dict)
@@ -58,6 +68,8 @@ class RequestMetrics:
     first_token_time: float | None
     finished_time: float | None
     max_tokens: int | None = None  # what the request asked for (vllm:request_max_num_generation_tokens)
+    num_draft_tokens: int = 0  # speculative decoding: draft tokens verified for it, and kept
+    num_accepted_tokens: int = 0
 
     @property
     def time_to_first_token(self) -> float | None:
@@ -141,14 +153,16 @@ class EngineStats:
     kv_disk_written_bytes: int = 0
     kv_disk_corrupt_files: int = 0
     kv_disk_dropped_writes: int = 0
+    spec_decode_num_drafts: int = 0  # speculative decoding (engine/speculative.py): vLLM's counters
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_accepted_per_pos: list[int] = field(default_factory=list)
 
-    def record_step(self, sched, num_sampled: int, seconds: float) -> None:
-        decode = sum(1 for x in sched.scheduled if x.num_tokens == 1
-                     and x.request.num_computed_tokens - 1 >= x.request.num_prompt_tokens)
+    def record_step(self, sched, decode_tokens: int, num_sampled: int, seconds: float) -> None:
         self.num_steps += 1
         self.last_batch_size = len(sched.scheduled)
-        self.last_decode_tokens = decode
-        self.last_prefill_tokens = sched.num_tokens - decode
+        self.last_decode_tokens = decode_tokens
+        self.last_prefill_tokens = sched.num_tokens - decode_tokens
         self.last_step_seconds = seconds
         self.generation_tokens_total += num_sampled
 
@@ -160,9 +174,20 @@ class EngineStats:
         self.kv_disk_read_bytes, self.kv_disk_written_bytes = disk.read_bytes, disk.written_bytes
         self.kv_disk_corrupt_files, self.kv_disk_dropped_writes = disk.corrupt_files, disk.dropped_writes
 
+    def record_spec(self, spec) -> None:
+        """Copy the scheduler's speculation counters (a SpecCounts)."""
+        self.spec_decode_num_drafts, self.spec_decode_num_draft_tokens = spec.drafts, spec.draft_tokens
+        self.spec_decode_num_accepted_tokens = spec.accepted_tokens
+        self.spec_decode_accepted_per_pos = list(spec.accepted_per_pos)
+
     @property
     def kv_cache_usage(self) -> float:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float:
+        n = self.spec_decode_num_draft_tokens
+        return self.spec_decode_num_accepted_tokens / n if n else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

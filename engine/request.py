@@ -60,6 +60,9 @@ class Request:
         self.bad_words_ids: list[list[int]] = []  # token sequences never to complete
         self.logprobs: list[dict] = []  # per output token: id -> Logprob (when params.logprobs is set)
         self.prompt_logprobs: list[dict | None] = []  # per prompt token, the first None (params.prompt_logprobs)
+        self.draft_len = 0  # speculative decoding: drafts to propose at most (0: the configured k)
+        self.num_draft_tokens = 0  # drafts verified for it, and how many of them were kept
+        self.num_accepted_tokens = 0
 
     @property
     def num_tokens(self) -> int:
@@ -80,6 +83,14 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drop the output tokens after the first `num_output_tokens` (a stop string met inside the
+        tokens one step accepted: what follows it is not part of the reply)."""
+        extra = self.num_output_tokens - num_output_tokens
+        if extra > 0:
+            del self.output_token_ids[-extra:]
+            del self.all_token_ids[-extra:]
 
     def sort_key(self) -> tuple[int, float, int]:
         """(priority, arrival): lower runs first; the victim of a preemption is the largest."""

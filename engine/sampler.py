@@ -8,6 +8,7 @@ import torch
 
 from engine import cpu_kernels
 from engine.request import Request
+from engine.speculative import accept
 from engine.structured import apply_grammar_masks
 
 
@@ -49,6 +50,24 @@ class Sampler:
                 noise[i].exponential_(generator=self._generator_for(req))
         sampled = (probs / noise).argmax(dim=-1)  # Gumbel-style race == a draw from probs
         return torch.where(greedy, greedy_tokens, sampled).tolist()
+
+    def verify(self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]) -> list[list[int]]:
+        """Requests that drafted (engine/speculative.py): their 1 + len(drafts) rows each, in order, in
+        `logits`. Returns each one's kept tokens: the argmax rule for greedy rows, the rejection rule
+        on the tempered, filtered distribution (top-k / top-p / min-p) for the others."""
+        sizes = [1 + len(d) for d in drafts]
+        targets = _argmax(logits).split(sizes)
+        sampling = [i for i, r in enumerate(requests) if not r.params.greedy]
+        probs: dict[int, torch.Tensor] = {}
+        if sampling:
+            starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            rows = torch.tensor([starts[i] + j for i in sampling for j in range(sizes[i])], device=logits.device)
+            params = [requests[i].params for i in sampling for _ in range(sizes[i])]
+            temps = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
+            chosen = self._filter(logits[rows] / temps, params).softmax(dim=-1).split([sizes[i] for i in sampling])
+            probs = dict(zip(sampling, chosen))
+        return [accept(probs[i], d, self.generator) if i in probs else accept(targets[i], d, None)
+                for i, d in enumerate(drafts)]
 
     def _generator_for(self, req: Request) -> torch.Generator:
         g = self._request_generators.get(req.request_id)

@@ -11,6 +11,7 @@ from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.request import Request, RequestStatus
+from engine.speculative import DraftPolicy, NgramProposer, can_draft, next_draft_len, ngram_settings
 
 
 class Scheduler:
@@ -24,6 +25,10 @@ class Scheduler:
         self.waiting_ids: set[str] = set()
         self.loading: dict[str, Request] = {}  # waiting aside while the disk tier reads their prefix
         self.num_preemptions = 0
+        settings = ngram_settings(config.speculative_config)
+        self.proposer = NgramProposer(settings) if settings else None
+        self.draft_policy = DraftPolicy(settings.num_speculative_tokens) if settings else None
+        self.spec = SpecCounts()
 
     @property
     def num_waiting(self) -> int:
@@ -51,17 +56,22 @@ class Scheduler:
             self._requeue_loaded()
         budget = self.config.max_num_batched_tokens
         self.running.sort(key=self._key)  # the preemption victim is always the last one
+        max_drafts = self._max_drafts()
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(req, n):
+            drafts = self._drafts(req, min(budget, max_drafts + 1)) if max_drafts and n == 1 else []
+            if drafts and not self.kv.allocate_slots(req, 1 + len(drafts)):
+                drafts = []  # no room for them: decode one token (and preempt only for that)
+            while not drafts and not self.kv.allocate_slots(req, n):
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is req:
                     break
             else:
-                out.scheduled.append(ScheduledRequest(req, n, self.kv.block_ids(req.request_id)))
+                n += len(drafts)
+                out.scheduled.append(ScheduledRequest(req, n, self.kv.block_ids(req.request_id), drafts))
                 budget -= n
                 i += 1
         if not out.preempted:
@@ -71,6 +81,31 @@ class Scheduler:
             if s.request.scheduled_time is None:
                 s.request.scheduled_time = now
         return out
+
+    def _max_drafts(self) -> int:
+        """Drafts per decoding request this step (0: speculation off, or it does not pay now)."""
+        if self.proposer is None:
+            return 0
+        limit = self.proposer.settings.disable_by_batch_size
+        if limit is not None and len(self.running) > limit:
+            return 0
+        decoding = sum(1 for r in self.running if r.num_tokens - r.num_computed_tokens == 1)
+        return self.draft_policy.max_drafts(max(decoding, 1))
+
+    def record_step_time(self, sched: SchedulerOutput, seconds: float) -> None:
+        """A step of decodes only feeds the draft policy's cost line (rows -> seconds)."""
+        if self.draft_policy is not None and all(s.num_tokens - len(s.draft_token_ids) == 1 for s in sched.scheduled):
+            self.draft_policy.record_step(sched.num_tokens, seconds)
+
+    def _drafts(self, req: Request, budget: int) -> list[int]:
+        """Speculative tokens for a decoding request: no more than its budget, its max_tokens and the
+        context length leave room to keep (each step keeps at most the drafts and one more token)."""
+        if not can_draft(req):
+            return []
+        room = self.max_model_len - req.num_tokens
+        if req.params.max_tokens is not None:
+            room = min(room, req.params.max_tokens - req.num_output_tokens)
+        return self.proposer.propose(req, min(budget, room) - 1)
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -136,17 +171,28 @@ class Scheduler:
         changed = []
         now = time.time()
         for s in sched.scheduled:
-            req = s.request
-            req.num_computed_tokens += s.num_tokens
-            token = result.sampled.get(req.request_id)
-            if token is None or req.is_finished:
+            req, drafted = s.request, len(s.draft_token_ids)
+            tokens = result.sampled.get(req.request_id)
+            kept = len(tokens) - 1 if drafted and tokens else 0  # rejected drafts' K/V is overwritten later
+            req.num_computed_tokens += s.num_tokens - drafted + kept
+            if drafted:
+                self.spec.record(drafted, kept)
+                self.draft_policy.record_drafts(drafted, kept)
+                req.num_draft_tokens += drafted
+                req.num_accepted_tokens += kept
+                req.draft_len = next_draft_len(drafted, kept, self.proposer.settings.num_speculative_tokens)
+            if not tokens or req.is_finished:
                 continue
-            req.append_output_token(token)
             if req.first_token_time is None:
                 req.first_token_time = now
-            status = self._check_stop(req, token)
-            if status is not None:
-                self.finish(req, status)
+            for token in tokens:
+                req.append_output_token(token)
+                status = self._check_stop(req, token)
+                if status is not None:
+                    self.finish(req, status)
+                    break
+            if drafted and not req.is_finished:
+                self.kv.free_past(req, req.num_tokens)  # blocks that held only rejected drafts
             changed.append(req)
         return changed
 
@@ -175,5 +221,26 @@ class Scheduler:
         if req.disk_checked:
             self.kv.cancel_disk_load(req.request_id)
         self.kv.free(req)
+        if self.proposer is not None:
+            self.proposer.forget(req.request_id)
         req.status = status
         req.finished_time = time.time()
+
+
+class SpecCounts:
+    """Speculative decoding since start (vLLM's vllm:spec_decode_* counters)."""
+
+    def __init__(self) -> None:
+        self.drafts = 0  # requests that drafted, summed over steps
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.accepted_per_pos: list[int] = []  # [i]: drafts at position i kept
+
+    def record(self, drafted: int, kept: int) -> None:
+        self.drafts += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += kept
+        if len(self.accepted_per_pos) < drafted:
+            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+        for i in range(kept):
+            self.accepted_per_pos[i] += 1

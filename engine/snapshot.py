@@ -38,6 +38,10 @@ def take_snapshot(engine: LLMEngine) -> dict:
         free, total = torch.cuda.mem_get_info(engine.device)
         memory.update(cuda_allocated=torch.cuda.memory_allocated(engine.device),
                       cuda_reserved=torch.cuda.memory_reserved(engine.device), cuda_free=free, cuda_total=total)
+    drafting = {engine.session_of(r.request_id) or r.request_id: [r.num_draft_tokens, r.num_accepted_tokens]
+                for r in engine.scheduler.running if r.num_draft_tokens}
+    speculation = {"on": engine.scheduler.proposer is not None, "requests": drafting}
     return {"time": time.time(), "stats": dataclasses.asdict(engine.get_stats()), "block_states": bytes(states),
+            "speculation": speculation,
             "block_owners": owners, "block_positions": positions, "memory": memory, "model": engine.source.name, "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."), "quantization": engine.quantization_shown}

@@ -1,10 +1,13 @@
 """End-to-end engine behaviour on the real SmolLM2 weights (fp32): greedy outputs do not depend on
-how the engine batches, pages, chunks, caches or preempts; prefix caching reuses what it should."""
+how the engine batches, pages, chunks, caches, preempts or drafts; prefix caching reuses what it should.
+The reference is one request at a time, drafting nothing; the other runs draft at every step
+(`always_draft`) whatever the measured policy says (speculation is on by default)."""
 import pytest
 
 from ui.simulate import CUSTOMER_SERVICE_PROMPT as SYSTEM_PROMPT
 from ui.simulate import user_turns
 from engine import LLM, SamplingParams
+from engine.speculative import DraftPolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -18,24 +21,60 @@ def prompts(smol32):
                                 {"role": "user", "content": user_turns(i, 1)[0]}]) for i in range(16)]
 
 
+def _patched(k):
+    """Overrides the measured draft policy: each decoding request drafts k tokens ("all": the configured k)."""
+    mp = pytest.MonkeyPatch()
+    mp.setattr(DraftPolicy, "max_drafts", lambda self, decoding: self.k if k == "all" else k)
+    return mp
+
+
 @pytest.fixture(scope="module")
 def reference(smol32, prompts):
-    """One request at a time, prefix caching off (cache reset before each request)."""
-    outs = []
+    """One request at a time, prefix caching off (cache reset before each request), no drafts."""
+    outs, mp = [], _patched(0)
     for p in prompts:
         smol32.reset_prefix_cache()
         outs.append(smol32.generate([p], GREEDY)[0].outputs[0].token_ids)
+    mp.undo()
     return outs
+
+
+@pytest.fixture
+def always_draft():
+    mp = _patched("all")
+    yield
+    mp.undo()
 
 
 def tokens(outputs):
     return [o.outputs[0].token_ids for o in outputs]
 
 
-def test_batch_of_16_with_prefix_cache_equals_one_at_a_time(smol32, prompts, reference):
+def test_batch_of_16_with_prefix_cache_and_drafts_equals_one_at_a_time(smol32, prompts, reference, always_draft):
+    before = smol32.get_stats().spec_decode_num_accepted_tokens
     outs = smol32.generate(prompts, GREEDY)
     assert tokens(outs) == reference
     assert sum(o.num_cached_tokens for o in outs) > 0  # the shared system prompt was reused
+    assert smol32.get_stats().spec_decode_num_accepted_tokens - before > 20  # several tokens a step, often
+    smol32.engine.check_integrity()
+
+
+def test_stops_inside_kept_drafts_end_the_reply_as_without_them(smol32, prompts, reference):
+    """A stop string or max_tokens met among the tokens one step keeps ends the reply there."""
+    texts = [smol32.get_tokenizer().decode(ids) for ids in reference[:4]]
+    params = [SamplingParams(temperature=0, max_tokens=20, stop=[t[40:44]]) for t in texts] + \
+        [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (7, 13)]
+    batch = prompts[:4] + prompts[4:6]
+    replies = []
+    for k in (0, "all"):
+        mp = _patched(k)
+        before = smol32.get_stats().spec_decode_num_accepted_tokens
+        outs = smol32.generate(batch, params)
+        kept = smol32.get_stats().spec_decode_num_accepted_tokens - before
+        mp.undo()
+        replies.append([(o.outputs[0].text, o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs])
+    assert replies[0] == replies[1] and kept > 0
+    assert [r[2] for r in replies[1]] == ["stop"] * 4 + ["length"] * 2
     smol32.engine.check_integrity()
 
 
@@ -46,11 +85,12 @@ def test_batch_of_16_with_prefix_cache_equals_one_at_a_time(smol32, prompts, ref
     dict(num_kv_blocks=40, max_model_len=640),  # 16 sequences of ~170 tokens cannot all fit
 ], ids=["no-prefix-cache", "block-32", "chunked-prefill", "preemption"])
 @pytest.mark.slow
-def test_greedy_identical_under_engine_options(options, prompts, reference):
+def test_greedy_identical_under_engine_options(options, prompts, reference, always_draft):
     llm = LLM(dtype="float32", quantization="none", **{"num_kv_blocks": 1024, **options})  # as smol32
     outs = llm.generate(prompts, GREEDY)
     assert tokens(outs) == reference
     stats = llm.get_stats()
+    assert stats.spec_decode_num_accepted_tokens > 0
     if "num_kv_blocks" in options:
         assert stats.num_preemptions > 0
     if "max_num_batched_tokens" in options:

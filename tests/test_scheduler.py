@@ -22,7 +22,7 @@ def request(rid, n, priority=0, max_tokens=100):
 
 def run_step(sched):
     out = sched.schedule()
-    sampled = {s.request.request_id: 7 for s in out.scheduled if s.samples}
+    sampled = {s.request.request_id: [7] for s in out.scheduled if s.samples}
     sched.update(out, ModelRunnerOutput(sampled))
     return out
 

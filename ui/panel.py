@@ -136,7 +136,20 @@ def page_map_html(snap: dict | None) -> str:
         f"<div id='engine-counts'>running <b id='num-running'>{s['num_running']}</b> · waiting "
         f"<b>{s['num_waiting']}</b> · preemptions {s['num_preemptions']} · prefix hits "
         f"{s['prefix_cache_hits']}/{s['prefix_cache_queries']} tokens · "
-        f"generated <b id='gen-total'>{s['generation_tokens_total']}</b> tokens</div>{disk_line(s)}</div>")
+        f"generated <b id='gen-total'>{s['generation_tokens_total']}</b> tokens</div>{disk_line(s)}"
+        f"{spec_line(s, snap.get('speculation'))}</div>")
+
+
+def spec_line(s: dict, speculation: dict | None) -> str:
+    """Prompt-lookup speculation: the share of draft tokens kept since start, and per running chat."""
+    if not speculation or not speculation["on"]:
+        return "<div id='spec'>speculation off</div>"
+    drafted, kept = s.get("spec_decode_num_draft_tokens", 0), s.get("spec_decode_num_accepted_tokens", 0)
+    share = f" ({kept / drafted:.0%})" if drafted else ""
+    now = sorted(speculation["requests"].items(), key=lambda kv: -kv[1][0])[:4]
+    chats = " · ".join(f"{html.escape(owner)} {k}/{d}" for owner, (d, k) in now)
+    return (f"<div id='spec'>speculation: kept <b id='spec-kept'>{kept}</b>/{drafted} draft tokens{share}"
+            + (f" · now: {chats}" if chats else "") + "</div>")
 
 
 def disk_line(s: dict) -> str:

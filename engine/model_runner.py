@@ -139,7 +139,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, sched: SchedulerOutput):
         """Run the model on one step's batch: logits for the requests that sample (a row each, 1 + drafts
-        rows for one that drafted), those requests, and the prompt log-probabilities of this chunk for requests that ask for them."""
+        rows for one that drafted), those requests, and the prompt log-probabilities of this chunk for
+        requests that ask for them."""
         cpu_kernels.set_threads(self.threads)  # before _prepare, which reads it
         items = sorted(sched.scheduled, key=self._row_order)  # rows attended one by one first (stable)
         input_ids, positions, meta, logits_rows, samplers = self._prepare(items)

@@ -11,7 +11,7 @@ from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.request import Request, RequestStatus
-from engine.speculative import DraftPolicy, NgramProposer, can_draft, next_draft_len, ngram_settings
+from engine.speculative import DraftPolicy, NgramProposer, SpecCounts, can_draft, next_draft_len, ngram_settings
 
 
 class Scheduler:
@@ -230,21 +230,3 @@ class Scheduler:
         req.status = status
         req.finished_time = time.time()
 
-
-class SpecCounts:
-    """Speculative decoding since start (vLLM's vllm:spec_decode_* counters)."""
-
-    def __init__(self) -> None:
-        self.drafts = 0  # requests that drafted, summed over steps
-        self.draft_tokens = 0
-        self.accepted_tokens = 0
-        self.accepted_per_pos: list[int] = []  # [i]: drafts at position i kept
-
-    def record(self, drafted: int, kept: int) -> None:
-        self.drafts += 1
-        self.draft_tokens += drafted
-        self.accepted_tokens += kept
-        if len(self.accepted_per_pos) < drafted:
-            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
-        for i in range(kept):
-            self.accepted_per_pos[i] += 1

@@ -186,3 +186,22 @@ class DraftPolicy:
         while n < self.k and (self.kept[n] + 1) / (self.proposed[n] + 1) > bar:
             n += 1
         return n
+
+
+class SpecCounts:
+    """Speculative decoding since start (vLLM's vllm:spec_decode_* counters)."""
+
+    def __init__(self) -> None:
+        self.drafts = 0  # requests that drafted, summed over steps
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.accepted_per_pos: list[int] = []  # [i]: drafts at position i kept
+
+    def record(self, drafted: int, kept: int) -> None:
+        self.drafts += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += kept
+        if len(self.accepted_per_pos) < drafted:
+            self.accepted_per_pos.extend([0] * (drafted - len(self.accepted_per_pos)))
+        for i in range(kept):
+            self.accepted_per_pos[i] += 1

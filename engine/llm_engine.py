@@ -25,7 +25,7 @@ from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sizing import eos_token_ids, fit_to_pool, num_kv_blocks
-from engine.structured import GrammarCompiler, bad_word_sequences
+from engine.structured import GrammarCompiler, bad_word_sequences, consume_reply_tokens
 
 log = logging.getLogger("pagedchat.engine")
 
@@ -194,7 +194,7 @@ class LLMEngine:
         for req in changed:
             t = self._tracked[req.request_id]
             if req.grammar is not None and not req.is_finished:
-                self._advance_grammar(req)
+                self._advance_grammar(t)
             stop, taken = t.detok.add_tokens(req.output_token_ids[t.outputs_sent:])  # several: kept drafts
             req.truncate_output(t.outputs_sent + taken)  # a stop string ends the reply at its token
             if stop is not None and not req.is_finished:
@@ -222,15 +222,15 @@ class LLMEngine:
                 for index, child in enumerate(siblings, 1):
                     self._track(child, family, index)
 
-    def _advance_grammar(self, req: Request) -> None:
-        """The grammar consumes the sampled token; once complete, the request stops there."""
-        token = req.output_token_ids[-1]
-        if token in req.eos_token_ids:
-            return  # the mask only let EOS through where the grammar may end
-        if not req.grammar.consume_token(token):
+    def _advance_grammar(self, t: _Tracked) -> None:
+        """The grammar consumes the step's tokens; once complete, the request stops there."""
+        req = t.request
+        outcome, at = consume_reply_tokens(req.grammar, req.output_token_ids[t.outputs_sent:], req.eos_token_ids)
+        if outcome == "error":
             req.error = f"structured output: {req.grammar.get_error() or 'token not allowed by the grammar'}"
             self.scheduler.finish(req, RequestStatus.FINISHED_ERROR)
-        elif req.grammar.is_stopped():
+        elif outcome == "stopped":
+            req.truncate_output(t.outputs_sent + at + 1)
             self.scheduler.finish(req, RequestStatus.FINISHED_STOPPED)
 
     def _make_output(self, t: _Tracked) -> RequestOutput:

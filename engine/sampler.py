@@ -9,7 +9,7 @@ import torch
 from engine import cpu_kernels
 from engine.request import Request
 from engine.speculative import accept
-from engine.structured import apply_grammar_masks
+from engine.structured import apply_draft_masks, apply_grammar_masks
 
 
 class Sampler:
@@ -54,7 +54,7 @@ class Sampler:
     def verify(self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]) -> list[list[int]]:
         """Requests that drafted (engine/speculative.py): their 1 + len(drafts) rows each, in order, in
         `logits`. Row i is adjusted as if drafts[:i] were already the request's tokens (penalties, bias,
-        masks, min_tokens: what the plain path does at that position). Returns each one's kept tokens:
+        masks, min_tokens, the grammar: what the plain path does at that position). Returns each one's kept tokens:
         the argmax rule for greedy rows, the rejection rule on the tempered, filtered distribution
         (top-k / top-p / min-p) for the others."""
         sizes = [1 + len(d) for d in drafts]
@@ -63,6 +63,8 @@ class Sampler:
             for req, d, n in zip(requests, drafts, sizes):
                 for i in range(n) if _adjusts(req) else ():
                     self._adjust_row(logits[row + i], req, d[:i])
+                if req.grammar is not None:
+                    apply_draft_masks(logits[row:row + n], req.grammar, d)
                 row += n
         targets = _argmax(logits).split(sizes)
         sampling = [i for i, r in enumerate(requests) if not r.params.greedy]

@@ -109,7 +109,10 @@ class Scheduler:
         room = self.max_model_len - req.num_tokens
         if req.params.max_tokens is not None:
             room = min(room, req.params.max_tokens - req.num_output_tokens)
-        return self.proposer.propose(req, min(budget, room) - 1)
+        drafts = self.proposer.propose(req, min(budget, room) - 1)
+        if drafts and req.grammar is not None:  # only what the grammar allows is worth a row
+            drafts = drafts[:req.grammar.validate_tokens(drafts)]
+        return drafts
 
     def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while budget > 0 and len(self.running) < self.config.max_num_seqs:

@@ -62,11 +62,11 @@ def ngram_settings(spec: dict | str | None) -> NgramSettings | None:
 
 
 def can_draft(req: Request) -> bool:
-    """A grammar's state moves token by token, logprobs are scored one token a step, and a seeded
-    request must draw what it would without speculation: those decode one token at a time. Penalties,
-    bias, masks and min_tokens are applied to each draft row as at its position (Sampler.verify)."""
+    """Logprobs are scored one token a step, and a seeded request must draw what it would without
+    speculation: those decode one token at a time. Penalties, bias, masks, min_tokens and grammars
+    are applied to each draft row as at its position (Sampler.verify)."""
     p = req.params
-    return req.grammar is None and p.structured_outputs is None and p.logprobs is None and p.seed is None
+    return p.logprobs is None and p.seed is None
 
 
 class NgramProposer:

@@ -63,6 +63,41 @@ def apply_grammar_masks(logits: torch.Tensor, matchers: list) -> None:
     logits[rows] = constrained.to(logits.dtype)
 
 
+def apply_draft_masks(logits: torch.Tensor, matcher, drafts: list[int]) -> None:
+    """A drafting request's rows [1 + len(drafts), V]: row i keeps the tokens the grammar allows after
+    drafts[:i] (consumed in turn, then rolled back: the matcher ends as it began). Rows after a draft
+    the grammar refuses are left free: that draft is rejected at its own row, so they are never used."""
+    import llguidance.torch as lt
+
+    bitmask = lt.allocate_token_bitmask(len(drafts) + 1, logits.shape[-1])
+    valid, consumed = matcher.validate_tokens(drafts), 0
+    try:
+        for i in range(valid + 1):
+            lt.fill_next_token_bitmask(matcher, bitmask, i)
+            if i < valid:
+                matcher.consume_token(drafts[i])
+                consumed += 1
+    finally:
+        matcher.rollback(consumed)
+    rows = logits[:valid + 1].float()
+    lt.apply_token_bitmask_inplace(rows, bitmask[:valid + 1].to(logits.device))
+    logits[:valid + 1] = rows
+
+
+def consume_reply_tokens(matcher, tokens: list[int], eos_token_ids) -> tuple[str | None, int]:
+    """The grammar consumes a step's new tokens (several when drafts were kept): ("error", i) when token
+    i is not allowed, ("stopped", i) when token i completes it, else (None, len(tokens)). EOS is not
+    consumed: the mask only let it through where the grammar may end."""
+    for i, token in enumerate(tokens):
+        if token in eos_token_ids:
+            break
+        if not matcher.consume_token(token):
+            return "error", i
+        if matcher.is_stopped():
+            return "stopped", i
+    return None, len(tokens)
+
+
 def bad_word_sequences(tokenizer, words: list[str] | None) -> list[list[int]]:
     """Each word as the token sequences that spell it, alone and after a space (as vLLM does)."""
     sequences = []

@@ -61,12 +61,13 @@ def test_batch_of_16_with_prefix_cache_and_drafts_equals_one_at_a_time(smol32, p
 
 def test_stops_inside_kept_drafts_end_the_reply_as_without_them(smol32, prompts, reference):
     """A stop string or max_tokens met among the tokens one step keeps ends the reply there; penalties,
-    bias and min_tokens apply to each draft row as at its position."""
+    bias, min_tokens and a grammar apply to each draft row as at its position."""
     texts = [smol32.get_tokenizer().decode(ids) for ids in reference[:4]]
     params = [SamplingParams(temperature=0, max_tokens=20, stop=[t[40:44]]) for t in texts] + \
         [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (7, 13)] + \
-        [SamplingParams(temperature=0, max_tokens=20, repetition_penalty=1.3, min_tokens=20, logit_bias={13: 2.0})]
-    batch = prompts[:7]
+        [SamplingParams(temperature=0, max_tokens=20, repetition_penalty=1.3, min_tokens=20, logit_bias={13: 2.0}),
+         SamplingParams(temperature=0, max_tokens=30, structured_outputs={"regex": "(order [0-9]+, )+"})]
+    batch = prompts[:8]
     replies = []
     for k in (0, "all"):
         mp = _patched(k)
@@ -76,7 +77,7 @@ def test_stops_inside_kept_drafts_end_the_reply_as_without_them(smol32, prompts,
         mp.undo()
         replies.append([(o.outputs[0].text, o.outputs[0].token_ids, o.outputs[0].finish_reason) for o in outs])
     assert replies[0] == replies[1] and kept > 0
-    assert [r[2] for r in replies[1]] == ["stop"] * 4 + ["length"] * 3
+    assert [r[2] for r in replies[1]] == ["stop"] * 4 + ["length"] * 4
     smol32.engine.check_integrity()
 
 

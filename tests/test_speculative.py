@@ -57,11 +57,11 @@ def test_the_proposer_copies_what_followed_the_latest_longest_match():
     assert proposer.propose(req, 3) == [8]
 
 
-def test_grammars_logprobs_and_seeds_decode_one_token_a_step():
+def test_logprobs_and_seeds_decode_one_token_a_step():
     assert can_draft(request([1, 2]))
     assert can_draft(request([1, 2], temperature=0.8, top_p=0.9, top_k=5, repetition_penalty=1.2,
-                             logit_bias={3: 1.0}, min_tokens=5, bad_words=["x"]))
-    for params in (dict(seed=1), dict(logprobs=2), dict(structured_outputs={"regex": "[0-9]+"})):
+                             logit_bias={3: 1.0}, min_tokens=5, bad_words=["x"], structured_outputs={"regex": "a+"}))
+    for params in (dict(seed=1), dict(logprobs=2)):
         assert not can_draft(request([1, 2], **params)), params
 
 
@@ -78,6 +78,23 @@ def test_a_draft_row_is_adjusted_as_at_its_position():
     # banned (1 output) -> 4, not the draft 3; row 2 is not reached
     assert Sampler(0, torch.device("cpu")).verify(logits, [req], [[3, 3]]) == [[3, 4]]
     assert Sampler(0, torch.device("cpu")).verify(logits, [req], [[3, 4]]) == [[3, 4, 0]]  # row 2: 2 outputs
+
+
+def test_a_grammar_masks_each_draft_row_after_the_drafts_before_it(smol_tokenizer):
+    """Regex "ab(c|d)": after the drafts a, b the grammar allows only c or d, so the row that
+    verifies a draft "e" keeps c (the best allowed), and the matcher is left as it was."""
+    from engine.sampler import Sampler
+    from engine.sampling_params import StructuredOutputsParams
+    from engine.structured import GrammarCompiler
+
+    vocab = len(smol_tokenizer)
+    a, b, c, d, e = (smol_tokenizer.convert_tokens_to_ids(t) for t in "abcde")
+    req = Request("r", [1, 2], SamplingParams(temperature=0, structured_outputs={"regex": "ab(c|d)"}))
+    req.grammar = GrammarCompiler(smol_tokenizer, vocab, (0,)).matcher(StructuredOutputsParams(regex="ab(c|d)"))
+    logits = torch.zeros(4, vocab)
+    logits[:, e], logits[:, c], logits[:, a], logits[:, b] = 9.0, 5.0, 4.0, 3.0
+    assert Sampler(0, torch.device("cpu")).verify(logits, [req], [[a, b, e]]) == [[a, b, c]]
+    assert req.grammar.validate_tokens([a, b, d]) == 3  # rolled back: still at the start
 
 
 def test_greedy_keeps_the_drafts_that_match_then_the_models_own_token():

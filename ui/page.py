@@ -24,6 +24,8 @@ CSS = """
 .download-link { display: inline-block; margin: 4px 8px 4px 0; padding: 4px 12px; border-radius: 6px;
   border: 1px solid var(--border-color-primary); font-size: var(--text-sm); }
 #assistant-name h1, h1.page-title { font-size: 1.15rem; margin: 0; }
+/* code in a message wraps instead of scrolling: no scroll region that only a mouse could move */
+#chatbot pre, #chatbot pre code { white-space: pre-wrap !important; overflow-wrap: anywhere; overflow: visible !important; }
 @media (max-width: 767px) {
   .sidebar:not(.open) .toggle-button { left: calc(100% + 3px); }  /* wholly on screen, left of the content */
   #chatbot .bubble-wrap { padding-top: 36px; }  /* the first bubble stays below the chat's own buttons */

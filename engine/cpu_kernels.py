@@ -24,7 +24,7 @@ _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_nor
                                                       "prefix_attention.c", "pool.c", "features.c")]
 # part of the build's cache key, not compiled alone
 _HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "common.h", "exp.h", "kernels.h",
-                                                      "pool.h", "quant_int8_rows.h")]
+                                                      "pool.h", "quant_amx.h", "quant_int8_rows.h")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
 # only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-pthread", "-shared",
@@ -32,9 +32,10 @@ _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fope
 _lib: ctypes.CDLL | None = None
 _tried = False
 _features = 0  # pagedchat_features() of the build (csrc/kernels.h's PC_FEATURE_* bits)
-FEATURES = {"bf16_attention": 1, "quant_bf16": 2, "quant_f32": 4, "f32_attention": 8}
+FEATURES = {"bf16_attention": 1, "quant_bf16": 2, "quant_f32": 4, "f32_attention": 8, "amx_tiles": 16}
 # csrc/common.h's return codes
 OK, UNSUPPORTED, NO_MEMORY, BAD_SHAPE = 0, -1, -2, -3
+build_key = ""  # names the build: its sources, compiler, flags and this CPU's features
 _threads = len(os.sched_getaffinity(0))
 _lock = threading.Lock()
 
@@ -49,7 +50,9 @@ def _build() -> ctypes.CDLL | None:
     cc = knobs().cc
     # -march=native builds for this CPU: a cached build is reused only on the same features
     features = sorted(cpu_flags())
+    global build_key
     key = hashlib.sha256(src + " ".join([cc, *_FLAGS, platform.machine(), *features]).encode()).hexdigest()[:16]
+    build_key = key
     cache = os.path.join(cache_dir(), "kernels")
     path = os.path.join(cache, f"kernels-{key}.so")
     if not os.path.exists(path):
@@ -66,6 +69,7 @@ def _build() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(path)
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     matmul4, matmul8 = (ctypes.c_int, [ptr] * 4 + [i32] * 5), (ctypes.c_int, [ptr] * 4 + [i32] * 4)
+    matmul4_i8, matmul8_i8 = (ctypes.c_int, [ptr] * 4 + [i32] * 6), (ctypes.c_int, [ptr] * 4 + [i32] * 5)
     signatures = {  # name: (return type, argument types)
         "pagedchat_features": (ctypes.c_int, []),
         "paged_decode_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 9 + [i32] * 6 + [f32, i32, i32]),
@@ -75,8 +79,9 @@ def _build() -> ctypes.CDLL | None:
         "rotary_neox": (None, [ptr] * 2 + [i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
         "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),
-        "int4_matmul": matmul4, "int4_matmul_i8": matmul4, "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4,
-        "int8_matmul": matmul8, "int8_matmul_i8": matmul8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul4,
+        "amx_tiles_computed": (i64, []),
+        "int4_matmul": matmul4, "int4_matmul_i8": matmul4_i8, "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4_i8,
+        "int8_matmul": matmul8, "int8_matmul_i8": matmul8_i8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul4_i8,
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -251,6 +256,11 @@ def quant_kernel_dtype(dtype: torch.dtype) -> torch.dtype | None:
     return dtype if dtype in dtypes else torch.float32 if torch.float32 in dtypes else None
 
 
+def amx_tiles_computed() -> int:
+    """How many tiles of 16 rows by 16 columns the int8-row kernels have run on AMX in this process."""
+    return _lib.amx_tiles_computed() if available() else 0
+
+
 def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """q [N, K] in 0..15, scales and zeros [G, N] (w = (q - 8) * scale + zero) -> the layouts of the
@@ -305,40 +315,49 @@ def int8_pack(q: torch.Tensor, dtype: torch.dtype, int8_rows: bool = False) -> t
 
 
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int,
-                int8_rows: bool = False) -> torch.Tensor:
+                int8_rows: bool = False, amx: bool = False) -> torch.Tensor:
     """x [M, K] @ the packed 4-bit weight^T -> [M, N] in x's dtype, bfloat16 or float32, which picks
     the kernel: pack for it (int4_pack). `int8_rows`: bf16 rows rounded to int8 per 32 inputs (the
-    same packed bytes)."""
+    same packed bytes); `amx`: their whole tiles of 16 rows on AMX (same results, has("amx_tiles"))."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
-    fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul_i8 if int8_rows else _lib.int4_matmul
-    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads),
-           "int4_matmul")
+    args = (x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads)
+    if int8_rows and x.dtype == torch.bfloat16:
+        code = _lib.int4_matmul_i8(*args, amx)
+    else:
+        code = (_lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul)(*args)
+    _check(code, "int4_matmul")
     return y
 
 
-def group_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int, bits: int) -> torch.Tensor:
+def group_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int, bits: int,
+                 amx: bool = False) -> torch.Tensor:
     """x [M, K] bf16 @ a weight in groups of `group` inputs^T -> [M, N] bf16, the rows rounded to int8 per
     32 inputs (AVX-512 VNNI); scales and zeros as group_scales in bf16. `bits` 8 (groups of 16 or 32):
     packed as int8_pack(q, int8_rows=True), w = q * scale + zero; 5 (groups of 32): packed as
-    int5_pack(q), w = (q - 16) * scale + zero."""
+    int5_pack(q), w = (q - 16) * scale + zero. `amx` as int4_matmul's."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()
     y = x.new_empty(M, packed.shape[0] * 16)
     fn = _lib.int5_matmul_i8 if bits == 5 else _lib.int8g_matmul_i8
-    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group, _threads),
+    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group, _threads, amx),
            "group_matmul")
     return y
 
 
-def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int8_rows: bool = False) -> torch.Tensor:
+def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int8_rows: bool = False,
+                amx: bool = False) -> torch.Tensor:
     """x [M, K] @ the packed int8 weight^T * scales (fp32 [N]) -> [M, N] in x's dtype, bfloat16 or
-    float32, which picks the kernel: pack for it (int8_pack, with the same `int8_rows`)."""
+    float32, which picks the kernel: pack for it (int8_pack, with the same `int8_rows`); `amx` as
+    int4_matmul's."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
-    fn = _lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul_i8 if int8_rows else _lib.int8_matmul
-    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], _threads),
-           "int8_matmul")
+    args = (x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], _threads)
+    if int8_rows and x.dtype == torch.bfloat16:
+        code = _lib.int8_matmul_i8(*args, amx)
+    else:
+        code = (_lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul)(*args)
+    _check(code, "int8_matmul")
     return y

@@ -1,5 +1,5 @@
 """Loading a model, in one order: source -> config and tokenizer -> weights into our model ->
-quantized kernels -> identity -> dense packing -> size. LLMEngine takes the result as it is."""
+quantized kernels -> their tiles, by measurement -> identity -> dense packing -> size. LLMEngine takes the result as it is."""
 from __future__ import annotations
 
 import logging
@@ -13,6 +13,7 @@ from engine.checkpoint.source import ModelSource, load_config_and_tokenizer, res
 from engine.kv_disk_format import model_identity
 from engine.linear import weight_bytes
 from engine.quant.choices import choose_mode
+from engine.quant.choose import choose_tiles
 from engine.quant.kernels import int8_rows_in_use
 from engine.quant.methods import pack_dense_linears, quantize_linears, share_tied_embedding
 from engine.sizing import resolve_max_model_len
@@ -50,11 +51,12 @@ def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, dev
     if "dequantized" in mode:
         log.info("%s checkpoint dequantized to %s at load (no packed kernel takes that dtype here)", spec.method, dtype)
     quantize_linears(net, mode, dtype, packed, int8_activations, dense_prompt_weights)
+    amx = choose_tiles(net)
     identity = model_identity(net, dtype, mode, block_size)  # before packing: the weights as loaded
     pack_dense_linears(net)
     if share_tied_embedding(net):  # the lookup reads the LM head's int8 rows: another model for the disk tier
         identity = model_identity(net, dtype, f"{mode}|embedding {identity.hex()}", block_size)
-    shown = mode + (", int8 rows" if int8_rows_in_use(net) else "")
+    shown = mode + (", int8 rows" if int8_rows_in_use(net) else "") + (", AMX tiles" if any(amx.values()) else "")
     defaults, defaults_source = sampling_defaults(source)
     return LoadedModel(source, hf_config, tokenizer, net, max_len, mode, shown, identity, weight_bytes(net),
                        defaults, defaults_source)

@@ -11,6 +11,7 @@ int pagedchat_features(void) {
 #ifdef PC_AVX512_BF16_VNNI
     features |= PC_FEATURE_QUANT_BF16;
 #endif
+    if (amx_tiles()) features |= PC_FEATURE_AMX_TILES;
 #ifdef PC_AVX2_FMA
     features |= PC_FEATURE_QUANT_F32 | PC_FEATURE_F32_ATTENTION;
 #endif

@@ -8,6 +8,7 @@
 #define PC_FEATURE_QUANT_BF16 2     /* AVX-512 BF16 + VNNI: int4_matmul, int8_matmul and their _i8 forms */
 #define PC_FEATURE_QUANT_F32 4      /* AVX2 + FMA: int4_matmul_f32, int8_matmul_f32 */
 #define PC_FEATURE_F32_ATTENTION 8  /* AVX2 + FMA: paged_decode_attention's vectorised fp32 path */
+#define PC_FEATURE_AMX_TILES 16     /* AMX-INT8, lent by Linux: the _i8 kernels' amx (quant_amx.h) */
 int pagedchat_features(void);
 
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, void *out,
@@ -27,14 +28,18 @@ void rotary_neox(void *q, void *k, int64_t q_stride, int64_t k_stride, const flo
 void argmax_rows(const float *x, int64_t *out, int64_t rows, int64_t n, int threads);
 int int4_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                 int threads);
+/* The _i8 kernels' amx: whole tiles of 16 rows take AMX tiles where amx_tiles() (same results). */
 int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                   int threads);
+                   int threads, int amx);
 int int5_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                   int threads);
+                   int threads, int amx);
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads);
-int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads);
+int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads,
+                   int amx);
 int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                    int threads);
+                    int threads, int amx);
+int amx_tiles(void);                 /* whether this build has AMX-INT8 tiles and Linux lends them to this process */
+int64_t amx_tiles_computed(void);    /* how many tiles of 16 rows by 16 columns they have computed */
 int int4_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                     int threads);
 int int8_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,

@@ -118,6 +118,8 @@ ALWAYS_INLINE void tile8(const int8_t *packed, const float *scales, const uint16
 /* The kinds of tile: KIND is a constant at every call. */
 enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16, INT8G_I8 = 20, INT8G16_I8 = 24, INT5_I8 = 28 };
 
+#include "quant_amx.h"
+
 ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
                             const float *xqsum, uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N,
                             const int MR, const int NB, const enum kind KIND) {
@@ -169,6 +171,7 @@ struct job {
     void *y;
     int M, K, G, group, N;
     enum kind kind;
+    int amx; /* whole tiles of 16 rows take the AMX tiles (quant_amx.h) */
 };
 
 /* Rows a part takes through all its blocks before the next rows (a multiple of 8): a step's rows in
@@ -182,10 +185,27 @@ struct job {
 static void columns_part(void *ctx, int part, int parts) {
     const struct job *j = ctx;
     const int64_t b0 = pool_share(j->N / 16, part, parts), nb = pool_share(j->N / 16, part + 1, parts) - b0;
+#ifdef PC_AMX
+    uint8_t *widened = j->amx ? malloc((size_t)j->K * 16) : NULL;
+    if (widened) amx_configure();
+#endif
     for (int m0 = 0; m0 < j->M; m0 += ROWS_AT_ONCE) {
-        const int M = j->M - m0 < ROWS_AT_ONCE ? j->M : m0 + ROWS_AT_ONCE;
+        int M = j->M - m0 < ROWS_AT_ONCE ? j->M : m0 + ROWS_AT_ONCE, from = m0;
+#ifdef PC_AMX
+        if (widened) {
+#define AMX_COLUMNS(KIND) amx_columns(j->packed, j->scales, j->x, j->xd, j->xsum, j->xqsum, j->y, b0, (int)nb, m0, \
+                                      (M - m0) / 16, j->K, j->G, j->group, j->N, widened, KIND)
+            if (j->kind == INT4_I8) AMX_COLUMNS(INT4_I8);
+            else if (j->kind == INT5_I8) AMX_COLUMNS(INT5_I8);
+            else if (j->kind == INT8G_I8) AMX_COLUMNS(INT8G_I8);
+            else AMX_COLUMNS(INT8_I8);
+#undef AMX_COLUMNS
+            from = M - (M - m0) % 16;
+        }
+#endif
+        if (from == M) continue;
 #define COLUMNS(KIND) \
-        columns(j->packed, j->scales, j->x, j->xd, j->xsum, j->xqsum, j->y, b0, (int)nb, m0, M, j->K, j->G, j->group, \
+        columns(j->packed, j->scales, j->x, j->xd, j->xsum, j->xqsum, j->y, b0, (int)nb, from, M, j->K, j->G, j->group, \
                 j->N, KIND)
         if (j->kind == INT4) COLUMNS(INT4); /* a constant at each call: the tiles unroll for it */
         else if (j->kind == INT8) COLUMNS(INT8);
@@ -196,6 +216,10 @@ static void columns_part(void *ctx, int part, int parts) {
         else COLUMNS(INT8_I8);
 #undef COLUMNS
     }
+#ifdef PC_AMX
+    if (widened) _tile_release();
+    free(widened);
+#endif
 }
 
 /* A second thread pays from ~THREADS_FROM multiply-adds: the pool's threads are warm (measured, one
@@ -226,7 +250,7 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
             }
             xsum[(int64_t)m * G + g] = s;
         }
-    struct job j = {packed, scales, x, NULL, xsum, NULL, y, M, K, G, group, N, INT4};
+    struct job j = {packed, scales, x, NULL, xsum, NULL, y, M, K, G, group, N, INT4, 0};
     run(&j, threads);
     free(xsum);
     return 0;
@@ -234,7 +258,7 @@ int int4_matmul(const void *x, const void *packed, const void *scales, void *y, 
 
 /* Rows rounded to int8 (quantize_rows), then the tiles of `kind`. */
 static int with_int8_rows(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
-                          int group, int threads, enum kind kind) {
+                          int group, int threads, int amx, enum kind kind) {
     if (M <= 0 || N <= 0) return 0;
     const size_t A = K / 32, floats = 5 * (size_t)M * A + M; /* xd; xsum and xqsum (per 16 at most); xbias */
     int8_t *xq = malloc((size_t)M * K + sizeof(float) * floats);
@@ -244,70 +268,84 @@ static int with_int8_rows(const void *x, const void *packed, const void *scales,
     struct rows_job r = {x, xq, xd, xsum, kind == INT8_I8 ? xbias : NULL, grouped ? xqsum : NULL, M, K,
                          kind == INT8G16_I8};
     pool_run(threads < M ? threads : M, quantize_rows, &r);
-    struct job j = {packed, scales, xq, xd, kind == INT8_I8 ? xbias : xsum, xqsum, y, M, K, K / group, group, N, kind};
+    struct job j = {packed, scales, xq, xd, kind == INT8_I8 ? xbias : xsum, xqsum, y, M, K, K / group, group, N, kind,
+                    amx && M >= 16 && AMX_KIND(kind) && amx_permitted()};
     run(&j, threads);
     free(xq);
     return 0;
 }
 
+/* amx: whole tiles of 16 rows take the AMX tiles where this build and the kernel have them (quant_amx.h);
+ * the results are the same either way. */
 int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                   int threads) {
-    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, INT4_I8);
+                   int threads, int amx) {
+    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, amx, INT4_I8);
 }
 
 int int5_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                   int threads) {
-    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, INT5_I8);
+                   int threads, int amx) {
+    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, amx, INT5_I8);
 }
 
-int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
-    return with_int8_rows(x, packed, scales, y, M, K, N, K, threads, INT8_I8);
+int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads,
+                   int amx) {
+    return with_int8_rows(x, packed, scales, y, M, K, N, K, threads, amx, INT8_I8);
 }
 
 int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                    int threads) {
+                    int threads, int amx) {
     if (group != 16 && group != 32) return PC_UNSUPPORTED;
-    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, group == 16 ? INT8G16_I8 : INT8G_I8);
+    return with_int8_rows(x, packed, scales, y, M, K, N, group, threads, amx, group == 16 ? INT8G16_I8 : INT8G_I8);
 }
 
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
-    struct job j = {packed, scales, x, NULL, NULL, NULL, y, M, K, 1, K, N, INT8};
+    struct job j = {packed, scales, x, NULL, NULL, NULL, y, M, K, 1, K, N, INT8, 0};
     if (M > 0 && N > 0) run(&j, threads);
     return 0;
 }
 
+int amx_tiles(void) { return AMX_KIND(INT4_I8) && amx_permitted(); }
+
+int64_t amx_tiles_computed(void) { return amx_tile_count; }
+
 #else
+#define UNUSED_MATMUL (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads
 int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                    int threads) {
-    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
+                    int threads, int amx) {
+    UNUSED_MATMUL, (void)group, (void)amx;
     return PC_UNSUPPORTED;
 }
 
-int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
-    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
+int int8_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads,
+                   int amx) {
+    UNUSED_MATMUL, (void)amx;
     return PC_UNSUPPORTED;
 }
 
 int int5_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                   int threads) {
-    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
+                   int threads, int amx) {
+    UNUSED_MATMUL, (void)group, (void)amx;
     return PC_UNSUPPORTED;
 }
 
 int int4_matmul_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
-                   int threads) {
-    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
+                   int threads, int amx) {
+    UNUSED_MATMUL, (void)group, (void)amx;
     return PC_UNSUPPORTED;
 }
 
 int int4_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                 int threads) {
-    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
+    UNUSED_MATMUL, (void)group;
     return PC_UNSUPPORTED;
 }
 
 int int8_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int threads) {
-    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)threads;
+    UNUSED_MATMUL;
     return PC_UNSUPPORTED;
 }
+
+int amx_tiles(void) { return 0; }
+
+int64_t amx_tiles_computed(void) { return 0; }
 #endif

@@ -43,7 +43,7 @@ class Int8GroupWeight(QuantizedWeight):
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_kernels.group_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros, self.group_size,
-                                        self.bits).to(x.dtype)
+                                        self.bits, self.amx(x)).to(x.dtype)
 
     @property
     def nbytes(self) -> int:

@@ -74,6 +74,8 @@ class QuantizedWeight(LinearKernel):
     small_m: int  # rows up to which the packed kernel serves (packed_rows)
     int8_rows = False  # bf16 rows rounded to int8 per 32 inputs (csrc/quant_matmul.c's *_i8 kernels)
     all_rows = 0  # packed_rows'
+    amx_from = 0  # int8 rows: calls with at least this many rows run their 16-row tiles on AMX (0: never;
+    # engine/quant/choose.py measures it at load; the results are the same either way)
 
     @property
     def label(self) -> str:
@@ -96,6 +98,9 @@ class QuantizedWeight(LinearKernel):
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def amx(self, x: torch.Tensor) -> bool:
+        return 0 < self.amx_from <= x.shape[0]
 
     @property
     def nbytes(self) -> int:
@@ -147,7 +152,7 @@ class Int4Weight(QuantizedWeight):
         xb = x if self.perm is None else x[:, self.perm]
         if self.kernel_dtype is not None:
             y = cpu_kernels.int4_matmul(_as(xb, self.kernel_dtype), self.packed, self.scales_and_zeros, self.group_size,
-                                        self.int8_rows)
+                                        self.int8_rows, self.amx(x))
         elif xb.device.type == "cuda":
             y = torch._weight_int4pack_mm(xb.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
         else:
@@ -168,7 +173,7 @@ class Int8Weight(QuantizedWeight):
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, keep_dense: bool = True,
                  int8_rows: bool = True) -> None:
         self.q = q.to(torch.int8).contiguous()
-        self.dtype, self.shape_k = dtype, q.shape[1]
+        self.dtype, (self.N, self.K) = dtype, q.shape
         fits = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if fits else None
         self.int8_rows = self.kernel_dtype == torch.bfloat16 and int8_rows and q.shape[1] % 32 == 0
@@ -184,7 +189,7 @@ class Int8Weight(QuantizedWeight):
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel_dtype is not None:
-            y = cpu_kernels.int8_matmul(_as(x, self.kernel_dtype), self.q, self.scales, self.int8_rows)
+            y = cpu_kernels.int8_matmul(_as(x, self.kernel_dtype), self.q, self.scales, self.int8_rows, self.amx(x))
             return y if y.dtype is x.dtype else y.to(x.dtype)
         if x.device.type == "cpu":
             return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.scales).to(x.dtype)
@@ -193,7 +198,7 @@ class Int8Weight(QuantizedWeight):
     def rows(self, n: torch.Tensor) -> torch.Tensor:
         """Rows n of W (fp32, [len(n), K]), read from whichever layout the kernel keeps: what lets a
         tied LM head's weight serve the embedding lookup too (PackedEmbedding)."""
-        N, K = self.q.shape[0] * (16 if self.q.dim() > 2 else 1), self.shape_k
+        N, K = self.N, self.K
         if self.q.dim() == 2:  # torch's kernels: plain [N, K]
             q = self.q[n].float()
         elif self.int8_rows:  # [N/16, K/4, 64]: q + 128, each quad's k in the order 0, 2, 1, 3 (its own inverse)

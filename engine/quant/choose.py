@@ -1,0 +1,111 @@
+"""Which tiles take a layer's int8 rows, chosen by measuring on the CPU at hand.
+
+A layer whose rows meet its weights as int8 (engine/quant/kernels.py, `int8_rows`) runs them through
+AVX-512 VNNI tiles, or, where the CPU has AMX-INT8 and Linux lends it, whole tiles of 16 rows through AMX
+(csrc/quant_amx.h). Both give bit-identical results, so the choice is only about speed, and that depends
+on the CPU, the layer's shape and the row count: at first load each distinct shape is timed both ways at
+16-256 rows, and the fewest rows from which AMX wins at every larger count becomes the layer's `amx_from`.
+The answers are kept under the cache folder per CPU model, kernel build and thread count; later loads
+read them instead of measuring. Measured on a Xeon with AMX (2026-12-05, 2 threads, ms, VNNI vs AMX):
+3072x576 16 rows 0.51 vs 0.18, 64 rows 1.23 vs 0.61; the 49152x576 LM head 64 rows 14.0 vs 5.3.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+import torch
+from torch import nn
+
+from engine import cpu_kernels
+from engine.config import cache_dir
+from engine.linear import Linear
+from engine.quant.kernels import QuantizedWeight
+
+log = logging.getLogger("pagedchat.quant")
+
+ROWS = (16, 32, 64, 128, 256)
+REPEATS = 5  # alternating; the fastest of each counts
+RUN_SECONDS = 0.002  # each timed run repeats the call this long at least: one small call is noise
+
+
+def shape_key(kernel: QuantizedWeight) -> str | None:
+    """What a kernel's speed depends on, or None where it has no AMX tiles (no int8 rows, groups of 16)."""
+    if not kernel.int8_rows or getattr(kernel, "group_size", 32) == 16 and kernel.bits == 8:
+        return None
+    return f"{type(kernel).__name__} {kernel.bits}-bit {kernel.N}x{kernel.K} group {getattr(kernel, 'group_size', 0)}"
+
+
+def measure(kernel: QuantizedWeight) -> int:
+    """The fewest rows of ROWS from which AMX is faster at every larger count, or 0 (never)."""
+    faster = []
+    for rows in ROWS:
+        x = torch.randn(rows, kernel.K).to(torch.bfloat16)
+        calls = max(1, int(RUN_SECONDS / _seconds(kernel, x, 1)))
+        best = {0: float("inf"), rows: float("inf")}
+        for _ in range(REPEATS):
+            for amx_from in best:
+                kernel.amx_from = amx_from
+                best[amx_from] = min(best[amx_from], _seconds(kernel, x, calls))
+        faster.append(best[rows] < best[0])
+    kernel.amx_from = 0
+    chosen = 0
+    for rows, wins in reversed(list(zip(ROWS, faster))):
+        if not wins:
+            break
+        chosen = rows
+    return chosen
+
+
+def _seconds(kernel: QuantizedWeight, x: torch.Tensor, calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        kernel._packed_matmul(x)
+    return time.perf_counter() - start
+
+
+def _cache_path() -> str:
+    model = next((line.partition(":")[2].strip() for line in _cpuinfo() if line.startswith("model name")), "cpu")
+    name = f"{model} {cpu_kernels.build_key} {cpu_kernels.threads()} threads"
+    return os.path.join(cache_dir(), "kernels", "amx-" + "".join(c if c.isalnum() else "-" for c in name) + ".json")
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.readlines()
+    except OSError:
+        return []
+
+
+def choose_tiles(model: nn.Module) -> dict[str, int]:
+    """Set `amx_from` on every int8-row kernel of `model` (measured once per shape, cached); returns
+    the choice per shape. Nothing to choose where the kernels have no AMX tiles."""
+    if not cpu_kernels.has("amx_tiles"):
+        return {}
+    kernels = [m.kernel for m in model.modules() if isinstance(m, Linear) and isinstance(m.kernel, QuantizedWeight)]
+    kernels += [p for k in kernels for p in getattr(k, "parts", [])]
+    path = _cache_path()
+    try:
+        with open(path) as f:
+            known = json.load(f)
+    except (OSError, ValueError):
+        known = {}
+    chosen, measured = {}, False
+    for kernel in kernels:
+        key = shape_key(kernel)
+        if key is None:
+            continue
+        if key not in known:
+            known[key], measured = measure(kernel), True
+        kernel.amx_from = chosen[key] = known[key]
+    if measured:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(known, f, indent=1)
+        os.replace(tmp, path)
+        log.info("AMX tiles from these row counts (0: never), measured: %s", chosen)
+    return chosen

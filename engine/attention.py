@@ -22,7 +22,7 @@ from torch import nn
 
 from engine import cpu_kernels
 from engine.cascade import SharedPrefix, prefix_attention, prefix_operands
-from engine.kv_layout import key_rows
+from engine.kv_layout import dequantize, int8_block_bytes, int8_views, key_rows, quantize_heads
 
 
 @dataclass
@@ -89,11 +89,32 @@ class PagedAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.window, self.softcap = scale, window, softcap
-        self.k_cache = torch.empty(0)  # kv_cache_shapes, bound by the runner
+        self.k_cache = torch.empty(0)  # kv_cache_shapes, or int8 pools: bound by the runner (bind_cache)
         self.v_cache = torch.empty(0)
+        self.int8: tuple | None = None  # int8 pools: (block_size, K's int8_views, V's)
         self._prefix: tuple = (None, None, None)  # (content, keys, values) of the last shared prefix
         self.kernels = cpu_kernels.serves_here() and softcap is None  # the C path's availability, asked once
         self.stores = cpu_kernels.serves_here()
+
+    def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, int8: bool = False) -> None:
+        """This layer's K and V pools: kv_layout.kv_cache_shapes, or with `int8` pools [num_blocks, bytes]
+        (kv_layout.int8_views)."""
+        self.k_cache, self.v_cache, self.int8 = k_cache, v_cache, None
+        if int8:
+            Hkv, D = self.num_kv_heads, self.head_dim
+            bs = k_cache.shape[1] // int8_block_bytes(1, Hkv, D)
+            self.int8 = (bs, int8_views(k_cache, bs, Hkv, D, keys=True), int8_views(v_cache, bs, Hkv, D, keys=False))
+
+    @property
+    def block_size(self) -> int:
+        return self.int8[0] if self.int8 else self.v_cache.shape[1]
+
+    def _key_blocks(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """K of blocks `ids` in the bf16 pool's layout (int8 pools: dequantized, a copy)."""
+        return self.k_cache[ids] if self.int8 is None else dequantize(*(t[ids] for t in self.int8[1]), True, dtype)
+
+    def _value_blocks(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return self.v_cache[ids] if self.int8 is None else dequantize(*(t[ids] for t in self.int8[2]), False, dtype)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [T, H, D], k/v [T, Hkv, D] -> [T, H * D]."""
@@ -113,8 +134,11 @@ class PagedAttention(nn.Module):
     def _store(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """The new tokens' K/V into their slots of the block pool."""
         caches = self.k_cache.is_contiguous() and self.v_cache.is_contiguous()
-        if self.stores and cpu_kernels.supports(k) and k.dtype == self.k_cache.dtype == v.dtype and caches \
-                and cpu_kernels.heads_contiguous(k) and cpu_kernels.heads_contiguous(v):
+        kernel = self.stores and cpu_kernels.supports(k) and k.dtype == v.dtype and caches \
+            and cpu_kernels.heads_contiguous(k) and cpu_kernels.heads_contiguous(v)
+        if self.int8:
+            return self._store_int8(k, v, slots, kernel)
+        if kernel and k.dtype == self.k_cache.dtype:
             cpu_kernels.kv_store(k, v, self.k_cache, self.v_cache, slots)  # one call, no copies of the views
             return
         bs = self.v_cache.shape[1]
@@ -122,31 +146,49 @@ class PagedAttention(nn.Module):
         by_token[slots // bs, slots % bs] = k.reshape(k.shape[0], self.num_kv_heads, self.head_dim // 2, 2)
         self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, slots, v)
 
+    def _store_int8(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, kernel: bool) -> None:
+        bs, (k_values, k_scales), (v_values, v_scales) = self.int8
+        if kernel:
+            cpu_kernels.kv_store_int8(k, v, self.k_cache, self.v_cache, slots, bs)
+            return
+        blocks, within = slots // bs, slots % bs
+        qk, sk = quantize_heads(k)
+        qv, sv = quantize_heads(v)
+        k_values.permute(0, 3, 1, 2, 4)[blocks, within] = qk.reshape(k.shape[0], self.num_kv_heads, -1, 4)
+        k_scales[blocks, :, within] = sk
+        v_values[blocks, within], v_scales[blocks, within] = qv, sv
+
     def _decode(self, q: torch.Tensor, meta: AttentionMetadata, out: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of the rows attended one by one (meta.row_*), written into `out` when given (the
         C kernel writes there directly, and reads q's rows where they lie: no copies)."""
         out = q.new_empty(q.shape) if out is None else out
         starts = self._starts(meta)
-        if self.kernels and cpu_kernels.supports(q):
+        int8 = (self.block_size, self.num_kv_heads) if self.int8 else None
+        if self.kernels and cpu_kernels.supports(q) and (int8 is None or self._int8_kernel(q)):
             if starts is not None:  # a window: no cascade (the shared prefix falls out of it)
                 prefix = (starts, None, None, None)
             else:
                 prefix = self._cascade_prefix(q, meta) if meta.shared is not None else None
             return cpu_kernels.paged_decode_attention(q, self.k_cache, self.v_cache, meta.row_block_tables,
                                                       meta.row_seq_lens, self.scale, out, prefix=prefix,
-                                                      threads=meta.kernel_threads)
+                                                      threads=meta.kernel_threads, int8=int8)
         B, nb = meta.row_block_tables.shape
-        bs = self.v_cache.shape[1]
+        bs = self.block_size
         if self.window not in meta.row_masks:  # the C kernel stops at each length itself and needs no mask
             tokens = torch.arange(nb * bs, device=q.device)
             valid = tokens < meta.row_seq_lens.unsqueeze(1)
             if starts is not None:
                 valid &= tokens >= starts.unsqueeze(1)
             meta.row_masks[self.window] = valid[:, None, None, :]
-        keys = key_rows(self.k_cache[meta.row_block_tables]).view(B, nb * bs, self.num_kv_heads, self.head_dim)
-        values = self.v_cache[meta.row_block_tables].view(B, nb * bs, self.num_kv_heads, self.head_dim)
+        keys = key_rows(self._key_blocks(meta.row_block_tables, q.dtype)).view(B, nb * bs, self.num_kv_heads,
+                                                                              self.head_dim)
+        values = self._value_blocks(meta.row_block_tables, q.dtype).view(B, nb * bs, self.num_kv_heads, self.head_dim)
         o = self._sdpa(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), meta.row_masks[self.window])
         return out.copy_(o.squeeze(2))
+
+    def _int8_kernel(self, q: torch.Tensor) -> bool:
+        """Whether the C kernel reads int8 pools for these queries (bf16, AVX-512 BF16 and VNNI, head_dim % 16 == 0)."""
+        return q.dtype == torch.bfloat16 and self.head_dim % 16 == 0 and cpu_kernels.has("quant_bf16")
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               causal: bool = False) -> torch.Tensor:
@@ -178,21 +220,24 @@ class PagedAttention(nn.Module):
         shared = meta.shared
         content, keys, values = self._prefix
         if content != shared.content:  # full blocks never change: the operands serve until the prefix does
-            keys, values = prefix_operands(self.k_cache[shared.block_ids], self.v_cache[shared.block_ids])
+            keys, values = prefix_operands(self._key_blocks(shared.block_ids, q.dtype),
+                                           self._value_blocks(shared.block_ids, q.dtype))
             self._prefix = (shared.content, keys, values)
         prefix_out, prefix_lse = prefix_attention(q[shared.rows], keys, values, self.scale, meta.kernel_threads)
         return shared.starts, shared.prefix_row, prefix_out, prefix_lse
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: PrefillSeq) -> torch.Tensor:
         qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]
+        if self.int8:  # the chunk's own K/V as the pool holds them: the same whether cached or fresh
+            k, v = (dequantize(*quantize_heads(x), False, x.dtype) for x in (k, v))
         if seq.ctx_len == seq.q_len and self.window is None:  # nothing cached before: plain causal attention
             keys, values, mask, causal = k, v, None, True
         else:
             if seq.ctx_len == seq.q_len:
                 keys, values = k, v
             else:
-                keys = key_rows(self.k_cache[seq.block_ids]).flatten(0, 1)[:seq.ctx_len]
-                values = self.v_cache[seq.block_ids].flatten(0, 1)[:seq.ctx_len]
+                keys = key_rows(self._key_blocks(seq.block_ids, q.dtype)).flatten(0, 1)[:seq.ctx_len]
+                values = self._value_blocks(seq.block_ids, q.dtype).flatten(0, 1)[:seq.ctx_len]
             offset = seq.ctx_len - seq.q_len
             rows = torch.arange(seq.q_len, device=q.device).unsqueeze(1) + offset
             tokens = torch.arange(seq.ctx_len, device=q.device).unsqueeze(0)

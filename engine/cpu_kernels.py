@@ -21,10 +21,10 @@ log = logging.getLogger("pagedchat.kernels")
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
                                                       "quant_matmul.c", "quant_matmul_f32.c", "argmax.c",
-                                                      "prefix_attention.c", "pool.c", "features.c")]
+                                                      "prefix_attention.c", "pool.c", "features.c", "kv_store.c")]
 # part of the build's cache key, not compiled alone
-_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "common.h", "exp.h", "kernels.h",
-                                                      "pool.h", "quant_amx.h", "quant_int8_rows.h")]
+_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "attention_int8.h", "common.h", "exp.h",
+                                                      "kernels.h", "pool.h", "quant_amx.h", "quant_int8_rows.h")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
 # only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-pthread", "-shared",
@@ -75,6 +75,7 @@ def _build() -> ctypes.CDLL | None:
         "paged_decode_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 9 + [i32] * 6 + [f32, i32, i32]),
         "prefix_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 4 + [i32] * 4 + [i64, f32, i32]),
         "kv_store": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
+        "kv_store_int8": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
         "rms_norm": (None, [ptr] * 4 + [i64, i32, f32, i32, i32]),
         "rotary_neox": (None, [ptr] * 2 + [i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
@@ -144,14 +145,16 @@ def supports(t: torch.Tensor) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, out: torch.Tensor,
-                           prefix: tuple | None = None, threads: int | None = None) -> torch.Tensor:
+                           prefix: tuple | None = None, threads: int | None = None,
+                           int8: tuple[int, int] | None = None) -> torch.Tensor:
     """q [B, H, D] (rows may be strided, heads contiguous) -> out [B, H, D] (contiguous), returned; k_cache
     [num_blocks, Hkv, D/2, block_size, 2], v_cache [num_blocks, block_size, Hkv, D]; int64 tables, lengths.
+    int8: (block_size, Hkv) of int8 pools (kv_layout.int8_views' bytes, [num_blocks, bytes]; bf16 q).
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
     out[rows[b]], lse[rows[b]] (engine/cascade.py). threads: None for set_threads'."""
     B, H, D = q.shape
-    _, block_size, Hkv, _ = v_cache.shape
+    block_size, Hkv = int8 or v_cache.shape[1:3]
     if H > 256:
         raise ValueError("paged_decode_attention supports at most 256 query heads")
     if not heads_contiguous(q):
@@ -160,7 +163,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     code = _lib.paged_decode_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
-        block_tables.shape[1], scale, _dtype_code(q), threads or _threads)
+        block_tables.shape[1], scale, 2 if int8 else _dtype_code(q), threads or _threads)
     _check(code, "paged_decode_attention")
     return out
 
@@ -189,6 +192,15 @@ def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     T, Hkv, D = k.shape
     _lib.kv_store(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
                   slots.data_ptr(), T, Hkv, D, v_cache.shape[1], _dtype_code(k))
+
+
+def kv_store_int8(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
+                  block_size: int) -> None:
+    """kv_store into int8 pools ([num_blocks, bytes], kv_layout.int8_views), each row of each head rounded
+    to int8 with its own scale; k, v fp32 or bf16, head_dim <= 512."""
+    T, Hkv, D = k.shape
+    _lib.kv_store_int8(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
+                       slots.data_ptr(), T, Hkv, D, block_size, _dtype_code(k))
 
 
 def heads_contiguous(x: torch.Tensor) -> bool:

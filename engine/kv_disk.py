@@ -66,7 +66,7 @@ class DiskStore:
         self.identity = identity
         self.folder = os.path.join(folder, identity.hex())
         self.block_shape, self.dtype = block_shape, dtype
-        self.payload_bytes = 2 * torch.Size(block_shape).numel() * torch.finfo(dtype).bits // 8
+        self.payload_bytes = 2 * torch.Size(block_shape).numel() * torch.empty(0, dtype=dtype).element_size()
         self.stats = DiskStats(capacity_bytes=capacity_bytes)
         self._lock = threading.Lock()
         self._index: OrderedDict[int, int] = OrderedDict()  # hash -> bytes on disk, oldest use first

@@ -46,7 +46,7 @@ def decode_block(data: memoryview, identity: bytes, block_hash: int, token_ids: 
         return None
     magic, stored_identity, stored_hash, num_tokens, payload_bytes, crc = HEADER.unpack_from(data)
     tokens_end = HEADER.size + 4 * num_tokens
-    expected_payload = 2 * torch.Size(shape).numel() * torch.finfo(dtype).bits // 8
+    expected_payload = 2 * torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
     if (magic != MAGIC or stored_identity != identity or stored_hash != block_hash.to_bytes(16, "little")
             or payload_bytes != expected_payload or len(data) != tokens_end + payload_bytes):
         return None

@@ -48,18 +48,18 @@ class LLMEngine:
         t0 = time.perf_counter()
         loaded = load(config.model, quantization=config.quantization, dtype=self.dtype, device=self.device,
                       max_model_len=config.max_model_len, block_size=config.block_size,
-                      int8_activations=config.int8_activations,
-                      dense_prompt_weights=config.dense_prompt_weights)
+                      int8_activations=config.int8_activations, dense_prompt_weights=config.dense_prompt_weights,
+                      kv_cache_dtype=config.kv_cache_dtype)
         self.source, self.hf_config, self.tokenizer, self.model = (loaded.source, loaded.hf_config, loaded.tokenizer,
                                                                    loaded.model)
         self.quantization, self.quantization_shown = loaded.quantization, loaded.quantization_shown
         self.weight_bytes, self.max_model_len = loaded.weight_bytes, loaded.max_model_len
         self.sampling_defaults, self.sampling_source = loaded.sampling_defaults, loaded.sampling_source
-        num_blocks = num_kv_blocks(config, ModelRunner.bytes_per_block(self.model, config.block_size, self.dtype),
-                                   self.device)
+        block_bytes = ModelRunner.bytes_per_block(self.model, config.block_size, self.dtype, config.kv_cache_dtype)
+        num_blocks = num_kv_blocks(config, block_bytes, self.device)
         self.max_model_len = fit_to_pool(self.max_model_len, config.max_model_len, num_blocks, config.block_size)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, self.device, config.seed,
-                                  config.logprobs_mode, config.resolved_threads())
+                                  config.logprobs_mode, config.resolved_threads(), config.kv_cache_dtype)
         windows = [layer.window for layer in self.model.attention_layers()]
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  min(windows) if windows and None not in windows else None)
@@ -78,10 +78,10 @@ class LLMEngine:
         self._counter = 0
         self.stats = EngineStats(kv_blocks_total=num_blocks, block_size=config.block_size)
         log.info("loaded %s (%s, %s, quantization %s, %d threads) in %.1fs: weights %.0f MiB, %d KV blocks "
-                 "of %d tokens (%.0f MiB), max_model_len %d", self.source.name, self.device,
+                 "of %d tokens (%.0f MiB, %s), max_model_len %d", self.source.name, self.device,
                  str(self.dtype).removeprefix("torch."), self.quantization_shown, torch.get_num_threads(),
                  self.load_seconds, self.weight_bytes / 2**20, num_blocks, config.block_size,
-                 self.runner.kv_cache_bytes / 2**20, self.max_model_len)
+                 self.runner.kv_cache_bytes / 2**20, config.kv_cache_dtype, self.max_model_len)
 
     # ---- requests -----------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, *,

@@ -38,7 +38,7 @@ class LoadedModel:
 
 def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, device: torch.device,
          max_model_len: int | None, block_size: int, int8_activations: bool,
-         dense_prompt_weights: bool = False) -> LoadedModel:
+         dense_prompt_weights: bool = False, kv_cache_dtype: str = "auto") -> LoadedModel:
     """The model named by `model` (see checkpoint.source.resolve_model) with every Linear on its
     final kernel. Raises ValueError for a model or quantization that cannot be loaded."""
     source = resolve_model(model)
@@ -52,10 +52,11 @@ def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, dev
         log.info("%s checkpoint dequantized to %s at load (no packed kernel takes that dtype here)", spec.method, dtype)
     quantize_linears(net, mode, dtype, packed, int8_activations, dense_prompt_weights)
     amx = choose_tiles(net)
-    identity = model_identity(net, dtype, mode, block_size)  # before packing: the weights as loaded
+    kv_mode = mode if kv_cache_dtype == "auto" else f"{mode}|kv {kv_cache_dtype}"  # int8 blocks: other bytes
+    identity = model_identity(net, dtype, kv_mode, block_size)  # before packing: the weights as loaded
     pack_dense_linears(net)
     if share_tied_embedding(net):  # the lookup reads the LM head's int8 rows: another model for the disk tier
-        identity = model_identity(net, dtype, f"{mode}|embedding {identity.hex()}", block_size)
+        identity = model_identity(net, dtype, f"{kv_mode}|embedding {identity.hex()}", block_size)
     shown = mode + (", int8 rows" if int8_rows_in_use(net) else "") + (", AMX tiles" if any(amx.values()) else "")
     defaults, defaults_source = sampling_defaults(source)
     return LoadedModel(source, hf_config, tokenizer, net, max_len, mode, shown, identity, weight_bytes(net),

@@ -14,7 +14,7 @@ from torch import nn
 from engine import cpu_kernels
 from engine.attention import AttentionMetadata, PrefillSeq, use_metadata
 from engine.cascade import find_shared_prefix, shared_tokens_needed
-from engine.kv_layout import kv_cache_shapes
+from engine.kv_layout import int8_block_bytes, kv_cache_shapes
 from engine.linear import Linear
 from engine.outputs import ModelRunnerOutput, ScheduledRequest, SchedulerOutput
 from engine.sampler import Sampler
@@ -41,7 +41,8 @@ ROW_PREFILL_CONTEXT = 1024
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device, seed: int, logprobs_mode: str = "raw_logprobs", threads: int = 1) -> None:
+                 device: torch.device, seed: int, logprobs_mode: str = "raw_logprobs", threads: int = 1,
+                 kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.threads = threads  # torch's and our kernels', set at each step: two engines may coexist
         self.logprobs_mode = logprobs_mode
@@ -55,12 +56,18 @@ class ModelRunner:
         self.row_prefill = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_kernels.available()
         layers = model.attention_layers()
         a = layers[0]
-        k_shape, v_shape = kv_cache_shapes(num_blocks, block_size, a.num_kv_heads, a.head_dim)
+        self.kv_cache_dtype = kv_cache_dtype
+        if kv_cache_dtype == "int8":
+            k_shape = v_shape = (num_blocks, int8_block_bytes(block_size, a.num_kv_heads, a.head_dim))
+            pool_dtype = torch.uint8
+        else:
+            k_shape, v_shape = kv_cache_shapes(num_blocks, block_size, a.num_kv_heads, a.head_dim)
+            pool_dtype = dtype
         # Zeroed, not empty: padded decode rows read block 0, and garbage there could be NaN.
-        self.k_cache = torch.zeros(len(layers), *k_shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(len(layers), *v_shape, dtype=dtype, device=device)
+        self.k_cache = torch.zeros(len(layers), *k_shape, dtype=pool_dtype, device=device)
+        self.v_cache = torch.zeros(len(layers), *v_shape, dtype=pool_dtype, device=device)
         for i, layer in enumerate(layers):
-            layer.k_cache, layer.v_cache = self.k_cache[i], self.v_cache[i]
+            layer.bind_cache(self.k_cache[i], self.v_cache[i], int8=kv_cache_dtype == "int8")
 
     def copy_block(self, source: int, target: int) -> None:
         """Copy one block's K/V in every layer (copy on write, for a forked sequence)."""
@@ -81,9 +88,11 @@ class ModelRunner:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
 
     @staticmethod
-    def bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
+    def bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
         layers = model.attention_layers()
         a = layers[0]
+        if kv_cache_dtype == "int8":
+            return 2 * len(layers) * int8_block_bytes(block_size, a.num_kv_heads, a.head_dim)
         return 2 * len(layers) * block_size * a.num_kv_heads * a.head_dim * torch.finfo(dtype).bits // 8
 
     @torch.inference_mode()

@@ -37,3 +37,10 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even */
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
+
+/* Asks for `bytes` from p into the caches, a line at a time: decode attention's next block, which lies
+ * anywhere in the pool (the hardware prefetcher follows strides, not block tables). Measured (30 layers of
+ * batch 64 x 352 tokens, SmolLM2's heads, this AMX Xeon, 2026-12-05): int8 caches 52 -> 39 ms. */
+static inline void prefetch_span(const void *p, int64_t bytes) {
+    for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
+}

@@ -12,7 +12,8 @@
  *   k cache       [num_blocks, Hkv, D/2, block_size, 2]
  *   v cache       [num_blocks, block_size, Hkv, D]
  *   block_tables  [B, max_blocks] int64, seq_lens [B] int64
- * dtype: 0 = float32, 1 = bfloat16 (q, cache and out share it).
+ * dtype: 0 = float32, 1 = bfloat16 (q, cache and out share it); 2 = bfloat16 q and out over int8 caches
+ * (attention_int8.h's layouts; AVX-512 BF16 and VNNI only, D % 16 == 0).
  *
  * With `starts` [B] int64, sequence b attends to tokens [starts[b], seq_lens[b]) only: a sliding
  * window (any token), or the cascade (a shared prefix attended elsewhere, once for all: multiples of
@@ -27,6 +28,7 @@
 #include <string.h>
 
 #include "attention_f32.h"
+#include "attention_int8.h"
 #include "common.h"
 #include "kernels.h"
 #include "exp.h"
@@ -76,6 +78,9 @@ static void scores_bf16(const uint16_t *q, const uint16_t *k_cache, const int64_
         const int64_t t1 = n1 ? t0 + 16 : t0; /* no second run: the first again, its scores not stored */
         const uint16_t *b0 = k_cache + table[t0 / block_size] * Hkv * head + t0 % block_size * 2;
         const uint16_t *b1 = k_cache + table[t1 / block_size] * Hkv * head + t1 % block_size * 2;
+        /* blocks lie anywhere: fetch the next 32 tokens' while these run */
+        for (int64_t ahead = t0 + 32; ahead < t0 + 64 && ahead < L; ahead += block_size)
+            if (ahead % block_size == 0) prefetch_span(k_cache + (table[ahead / block_size] * Hkv + h0) * head, nh * head * 2);
         for (int hh = 0; hh < nh; hh++) {
             const uint16_t *k0 = b0 + (h0 + hh) * head, *k1 = b1 + (h0 + hh) * head;
             for (int g = hh * G; g < (hh + 1) * G; g += 4) {
@@ -110,6 +115,8 @@ ALWAYS_INLINE void values_d64_rows(const uint16_t *v_head, const int64_t *table,
     for (int64_t t0 = 0; t0 < L; t0 += block_size) {
         const int n = L - t0 < block_size ? (int)(L - t0) : block_size;
         const uint16_t *v0 = v_head + table[t0 / block_size] * block_size * stride;
+        if (t0 + block_size < L) /* the next block's rows of this head while this one's run */
+            for (int t = 0; t < block_size; t++) prefetch_span(v_head + (table[t0 / block_size + 1] * block_size + t) * stride, 128);
         for (int t = 0; t < n; t += 2) {
             const uint16_t *va = v0 + t * stride;
             const __m512i a0 = _mm512_loadu_si512(va), a1 = _mm512_loadu_si512(va + 32);
@@ -181,6 +188,21 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     if (!scores) return PC_NO_MEMORY;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
     for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
+#ifdef PC_AVX512_BF16_VNNI
+    if (dtype == 2) { /* the rows as int8 (attention_int8.h), in the space acc and row leave unused until pass 2 */
+        int32_t *quads = (int32_t *)acc;
+        float *row_scale = (float *)(quads + R * D / 4), *offset = row_scale + R;
+        for (int r = 0; r < R; r++) {
+            const int8_t *qq = (const int8_t *)(quads + r * D / 4);
+            row_scale[r] = quantize_head(qf + r * D, 0, D, (int8_t *)qq) * scale;
+            int sum = 0;
+            for (int d = 0; d < D; d++) sum += qq[d];
+            offset[r] = 128.f * (float)sum;
+        }
+        const struct int8_queries iq = {quads, row_scale, offset};
+        scores_int8(&iq, k_cache, table, L, h0, nh, G, Hkv, D, block_size, scores);
+    } else
+#endif
 #ifdef PC_AVX512_BF16
     if (dtype == 1 && block_size % 16 == 0)
         scores_bf16((const uint16_t *)q + (int64_t)h0 * G * D, k_cache, table, L, h0, nh, G, Hkv, D,
@@ -215,6 +237,11 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
         sums[r] = sum;
         maxes[r] = m;
     }
+#ifdef PC_AVX512_BF16_VNNI
+    if (dtype == 2)
+        values_int8(v_cache, table, L, h0, nh, G, Hkv, D, block_size, scores, acc);
+    else
+#endif
 #ifdef PC_AVX512_BF16
     if (dtype == 1 && D == 64)
         values_bf16_d64(v_cache, table, L, h0, nh, G, Hkv, block_size, scores, (uint16_t *)(row + W), acc);
@@ -289,28 +316,14 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            const int64_t *prefix_row, const float *prefix_out, const float *prefix_lse, int B,
                            int H, int Hkv, int D, int block_size, int max_blocks, float scale, int dtype,
                            int threads) {
+#ifndef PC_AVX512_BF16_VNNI
+    if (dtype == 2) return PC_UNSUPPORTED;
+#endif
+    if (dtype == 2 && (D % 16 || block_size % 16)) return PC_BAD_SHAPE;
     struct job j = {q, k_cache, v_cache, out, block_tables, seq_lens, starts, prefix_row, prefix_out, prefix_lse,
                     q_stride, B, H, Hkv, D, block_size, max_blocks, dtype,
                     /* Enough sequences: one task each, all heads (contiguous reads). Few: split by kv head too. */
                     B >= 2 * threads ? 1 : Hkv, scale, 0, 0};
     pool_run(threads, attend_tasks, &j);
     return atomic_load(&j.failed);
-}
-
-/* The new tokens' K and V (row strides k_stride, v_stride elements; each row's Hkv * D elements
- * contiguous) into their cache slots: V as whole rows ([slots, Hkv, D]), K as dimension pairs
- * ([blocks, Hkv, D/2, block_size, 2]). One call instead of two index_copy_ (~20 us each at 64 rows). */
-void kv_store(const void *k, int64_t k_stride, const void *v, int64_t v_stride, void *k_cache, void *v_cache,
-              const int64_t *slots, int64_t T, int Hkv, int D, int block_size, int dtype) {
-    const int64_t size = dtype == 0 ? 4 : 2, W = (int64_t)Hkv * D;
-    for (int64_t t = 0; t < T; t++) {
-        memcpy((char *)v_cache + slots[t] * W * size, (const char *)v + t * v_stride * size, W * size);
-        const char *src = (const char *)k + t * k_stride * size;
-        char *dst = (char *)k_cache + (slots[t] / block_size * W * block_size + slots[t] % block_size * 2) * size;
-        const int64_t step = 2 * block_size * size; /* the pairs of all heads lie block_size pairs apart */
-        if (dtype == 0) /* constant sizes: each copy one move, not a call */
-            for (int64_t pair = 0; pair < W / 2; pair++) memcpy(dst + pair * step, src + pair * 8, 8);
-        else
-            for (int64_t pair = 0; pair < W / 2; pair++) memcpy(dst + pair * step, src + pair * 4, 4);
-    }
 }

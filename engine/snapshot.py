@@ -33,7 +33,7 @@ def take_snapshot(engine: LLMEngine) -> dict:
             owners.setdefault(block.block_id, owner)
             positions.setdefault(block.block_id, i)  # its place in that request's block table
     memory = {"rss": psutil.Process().memory_info().rss, "weights": engine.weight_bytes,
-              "kv_cache": engine.runner.kv_cache_bytes}
+              "kv_cache": engine.runner.kv_cache_bytes, "kv_cache_dtype": engine.runner.kv_cache_dtype}
     if engine.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(engine.device)
         memory.update(cuda_allocated=torch.cuda.memory_allocated(engine.device),

@@ -205,3 +205,14 @@ def test_int8_blocks_dequantize_to_the_layout_of_bf16_ones():
     scales = torch.rand(2, 3, 16)
     rows = key_rows(dequantize(values, scales, True, torch.float32))  # [2, 16, 3, 32]
     assert torch.equal(rows[1, 9, 2, 20:24], values[1, 2, 5, 9].float() * scales[1, 2, 9])
+
+
+def test_the_panel_says_the_pool_is_int8(tiny_model):
+    from engine.snapshot import take_snapshot
+    from ui.panel import memory_html
+
+    path, _ = tiny_model("llama")
+    for kv, shown in (("int8", True), ("auto", False)):
+        snap = take_snapshot(LLM(path, num_kv_blocks=8, kv_cache_dtype=kv).engine)
+        assert snap["memory"]["kv_cache_dtype"] == kv
+        assert ("(int8)" in memory_html(snap)) == shown

@@ -211,7 +211,8 @@ def memory_html(snap: dict | None) -> str:
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
     parts = [f"model <b>{html.escape(snap['model'])}</b> on {snap['device']} ({snap['dtype']}, "
              f"{html.escape(snap['quantization'])})",
-             f"weights {mib(m['weights'])}", f"KV pool {mib(m['kv_cache'])}", f"process RSS {mib(m['rss'])}"]
+             f"weights {mib(m['weights'])}", f"KV pool {mib(m['kv_cache'])}"
+             + (" (int8)" if m.get("kv_cache_dtype") == "int8" else ""), f"process RSS {mib(m['rss'])}"]
     if "cuda_allocated" in m:
         parts += [f"CUDA allocated {mib(m['cuda_allocated'])}", f"reserved {mib(m['cuda_reserved'])}",
                   f"device free {mib(m['cuda_free'])} of {mib(m['cuda_total'])}"]

@@ -7,7 +7,8 @@ engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else PyTorch's
 on many rows, so each weight also keeps a dense copy in the model dtype (prompt rows take it) and
 `packed_rows` picks the path per call; weights with int8 rows (4-bit, GGUF's 5-, 6- and 8-bit blocks, the
 LM head) take every row and keep none, unless the engine's dense_prompt_weights asks for one on a CPU
-with AMX, where large steps' prompt rows then take it.
+with AMX, where large steps' prompt rows then take it. Where the CPU has AMX-INT8, int8 rows run their
+whole 16-row tiles on AMX from `amx_from` rows (bit-identical; measured at load, engine/quant/choose.py).
 CUDA: `torch._weight_int4pack_mm` for every row count, no dense copy.
 """
 from __future__ import annotations

@@ -62,7 +62,8 @@ def main() -> None:
     llm = LLM(args.model)
     kernels = int8_row_kernels(llm)
     if not cpu_kernels.has("amx_tiles") or not kernels:
-        raise SystemExit("no AMX tiles here (the CPU lacks AMX-INT8, Linux does not lend it, or no layer has int8 rows)")
+        raise SystemExit("no AMX tiles here (the CPU lacks AMX-INT8, Linux does not lend it, "
+                         "or no layer has int8 rows)")
     measured = {id(k): k.amx_from for k in kernels}
     print(f"CPU: {cpu_name()}; model {llm.engine.source.name}, {llm.engine.quantization_shown}; "
           f"{cpu_kernels.threads()} threads; AMX from {sorted({shape_key(k): k.amx_from for k in kernels}.items())}")

@@ -148,7 +148,7 @@ class PagedAttention(nn.Module):
 
     def _store_int8(self, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, kernel: bool) -> None:
         bs, (k_values, k_scales), (v_values, v_scales) = self.int8
-        if kernel:
+        if kernel and self.head_dim <= 512:
             cpu_kernels.kv_store_int8(k, v, self.k_cache, self.v_cache, slots, bs)
             return
         blocks, within = slots // bs, slots % bs
@@ -187,8 +187,10 @@ class PagedAttention(nn.Module):
         return out.copy_(o.squeeze(2))
 
     def _int8_kernel(self, q: torch.Tensor) -> bool:
-        """Whether the C kernel reads int8 pools for these queries (bf16, AVX-512 BF16 and VNNI, head_dim % 16 == 0)."""
-        return q.dtype == torch.bfloat16 and self.head_dim % 16 == 0 and cpu_kernels.has("quant_bf16")
+        """Whether the C kernel reads int8 pools for these queries (bf16, AVX-512 BF16 and VNNI, head_dim
+        a multiple of 16 up to 512)."""
+        return (q.dtype == torch.bfloat16 and self.head_dim % 16 == 0 and self.head_dim <= 512
+                and cpu_kernels.has("quant_bf16"))
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               causal: bool = False) -> torch.Tensor:

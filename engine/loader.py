@@ -1,5 +1,6 @@
 """Loading a model, in one order: source -> config and tokenizer -> weights into our model ->
-quantized kernels -> their tiles, by measurement -> identity -> dense packing -> size. LLMEngine takes the result as it is."""
+quantized kernels -> their tiles, by measurement -> identity -> dense packing -> size. LLMEngine takes
+the result as it is."""
 from __future__ import annotations
 
 import logging

@@ -206,8 +206,10 @@ class AsyncLLM:
     def _loaded_new(self, engine: LLMEngine) -> None:
         self._info = engine.model_info(self.config.model)
         self.metrics = EngineMetrics(engine.source.name)
+        c = engine.config
         self.metrics.on_loaded(engine.load_seconds, engine.weight_bytes, engine.runner.kv_cache_bytes,
-                               engine.kv.pool.num_blocks)
+                               engine.kv.pool.num_blocks, {"block_size": c.block_size, "cache_dtype": c.kv_cache_dtype,
+                                                           "enable_prefix_caching": c.enable_prefix_caching})
         self.metrics.on_step(engine.get_stats(), stepped=False)
 
     def _deliver(self, out: RequestOutput) -> None:

@@ -87,6 +87,8 @@ class EngineMetrics:
         self.rss = gauge("pagedchat:resident_memory_bytes", "Resident memory of the process")
         self.weight_bytes = gauge("pagedchat:weight_bytes", "Bytes of model weights")
         self.kv_cache_bytes = gauge("pagedchat:kv_cache_bytes", "Bytes of the KV block pool")
+        self.cache_config = gauge("vllm:cache_config_info", "Information of the KV cache's configuration (value 1)",
+                                  ["block_size", "cache_dtype", "num_gpu_blocks", "enable_prefix_caching"])
         self.disk_queries = counter("vllm:external_prefix_cache_queries",
                                     "Prompt tokens looked up in the KV disk tier (past the pool's hit)")
         self.disk_hits = counter("vllm:external_prefix_cache_hits", "Prompt tokens loaded from the KV disk tier")
@@ -122,7 +124,12 @@ class EngineMetrics:
     def _l(self, metric, *extra):
         return metric.labels(self.model_name, *extra)
 
-    def on_loaded(self, load_seconds: float, weight_bytes: int, kv_cache_bytes: int, kv_blocks: int) -> None:
+    def on_loaded(self, load_seconds: float, weight_bytes: int, kv_cache_bytes: int, kv_blocks: int,
+                  cache_config: dict | None = None) -> None:
+        """cache_config: vllm:cache_config_info's labels (block_size, cache_dtype, enable_prefix_caching)."""
+        if cache_config is not None:
+            self._l(self.cache_config, *(str(cache_config[k]) for k in ("block_size", "cache_dtype")), str(kv_blocks),
+                    str(cache_config["enable_prefix_caching"])).set(1)
         self._l(self.load_seconds).set(load_seconds)
         self._l(self.weight_bytes).set(weight_bytes)
         self._l(self.kv_cache_bytes).set(kv_cache_bytes)

@@ -216,3 +216,21 @@ def test_the_panel_says_the_pool_is_int8(tiny_model):
         snap = take_snapshot(LLM(path, num_kv_blocks=8, kv_cache_dtype=kv).engine)
         assert snap["memory"]["kv_cache_dtype"] == kv
         assert ("(int8)" in memory_html(snap)) == shown
+
+
+def test_the_cache_config_metric_names_the_kv_dtype(tiny_model):
+    """vLLM's vllm:cache_config_info (value 1) carries the pool's block size, dtype and block count."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from engine.async_llm import AsyncLLM
+    from tests.serving import LiveServer
+
+    path, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=path, dtype="float32", num_kv_blocks=32, kv_cache_dtype="int8", block_size=32))
+    with LiveServer(llm) as server:
+        text = httpx.get(f"{server.url}/metrics").text
+    [info] = [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == "vllm:cache_config_info"]
+    assert info.value == 1
+    assert {k: info.labels[k] for k in ("block_size", "cache_dtype", "num_gpu_blocks")} == \
+        {"block_size": "32", "cache_dtype": "int8", "num_gpu_blocks": "32"}

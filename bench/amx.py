@@ -10,13 +10,12 @@ per round, TTFT p50, and whether both produced the same replies (they must: the 
 """
 from __future__ import annotations
 
-import argparse
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
 
 from bench.spec import cpu_name
-from bench.throughput import run_pagedchat
+from bench.throughput import interleaved_parser, run_pagedchat
 from engine import LLM, cpu_kernels
 from engine.linear import Linear
 from engine.quant.choose import _seconds, shape_key
@@ -51,12 +50,7 @@ def layer_table(kernels: list[QuantizedWeight], rows=(1, 16, 32, 64, 128, 256), 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=7919)
+    ap = interleaved_parser(__doc__)
     ap.add_argument("--no-layers", action="store_true", help="skip the per-layer table")
     args = ap.parse_args()
     llm = LLM(args.model)

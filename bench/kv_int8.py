@@ -8,14 +8,13 @@ each concurrency driven against each in turn, rounds interleaved.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 
 from bench.spec import cpu_name
-from bench.throughput import run_pagedchat
+from bench.throughput import interleaved_parser, run_pagedchat
 from engine import LLM
 
 PASSAGE = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "eval_passage.txt")
@@ -29,12 +28,7 @@ def agreement(a: dict, b: dict) -> tuple[float, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=7919)
+    ap = interleaved_parser(__doc__)
     args = ap.parse_args()
     llms = {kv: LLM(args.model, kv_cache_dtype=kv) for kv in ("auto", "int8")}
     base = llms["auto"].engine

@@ -10,13 +10,12 @@ kept, and whether both produced the same replies (greedy: they must).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 
 import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 
-from bench.throughput import run_pagedchat
+from bench.throughput import interleaved_parser, run_pagedchat
 from engine import LLM
 
 
@@ -29,12 +28,7 @@ def cpu_name() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=7919)
+    ap = interleaved_parser(__doc__)
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--always", action="store_true", help="draft whatever the batch size (disable_by_batch_size off)")
     args = ap.parse_args()

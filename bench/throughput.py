@@ -42,6 +42,18 @@ class Session:
         self.messages.append({"role": "assistant", "content": text})
 
 
+def interleaved_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of the in-process A/B benchmarks (bench.spec, bench.amx, bench.kv_int8): model, the
+    concurrencies, turns, interleaved rounds and the workload's seed."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=7919)
+    return ap
+
+
 def run_pagedchat(llm: LLM, concurrency: int, turns: int, seed: int, salted: bool = False) -> dict:
     """salted: each session's turns carry their own cache_salt (no prefix shared across sessions)."""
     eng = llm.engine

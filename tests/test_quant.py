@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams, cpu_kernels
+from engine.quant import packing
 from engine.checkpoint.gguf import gguf_weights
 from engine.checkpoint.quantized import Packed4
 from engine.checkpoint.source import default_model_path
@@ -64,7 +65,7 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
     g = torch.Generator().manual_seed(n + group)
     K = 256
     q, scales, zeros = quantize_int4(torch.randn(n, K, generator=g), group)
-    packed, sz = cpu_kernels.int4_pack(q, scales, zeros, dtype)
+    packed, sz = packing.int4_pack(q, scales, zeros, dtype)
     gidx = torch.arange(K) // group
     kept = scales.to(dtype).double(), zeros.to(dtype).double()
     deq = (q.double() - 8) * kept[0][gidx].T + kept[1][gidx].T
@@ -94,7 +95,7 @@ def test_our_int8_kernel_against_fp64_and_batch_invariant(dtype, int8, n):
     K = 192
     q, scales = quantize_int8(torch.randn(n, K, generator=g))
     q[0, :4] = torch.tensor([127, -127, -128, 0], dtype=torch.int8)  # the extremes, -128 included
-    packed = cpu_kernels.int8_pack(q, dtype, int8)
+    packed = packing.int8_pack(q, dtype, int8)
     deq = q.double() * scales.double()[:, None]
     x = (torch.randn(11, K, generator=g) * 3).to(dtype)
     x[2, 32:64] = 0  # a group of zeros: step 0
@@ -118,7 +119,7 @@ def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent
 
     g = torch.Generator().manual_seed(5)
     q, scales, zeros = quantize_int4(torch.randn(512, 576, generator=g), 32)
-    packed, sz = cpu_kernels.int4_pack(q, scales, zeros, dtype)
+    packed, sz = packing.int4_pack(q, scales, zeros, dtype)
     xs = [torch.randn(8, 576, generator=g).to(dtype) for _ in range(4)]
     monkeypatch.setattr(cpu_kernels, "_threads", 1)
     serial = [cpu_kernels.int4_matmul(x, packed, sz, 32) for x in xs]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine import cpu_kernels
+from engine.quant import packing
 from engine.linear import DenseKernel
 from engine.quant.kernels import INT8_ROWS_ALL_ROWS_AMX, INT8_ROWS_SMALL_M, QuantizedWeight, _as
 
@@ -24,7 +25,7 @@ class Int8GroupWeight(QuantizedWeight):
                  group: int = 32, prompt_copy: bool = False) -> None:
         self.N, self.K, self.dtype, self.group_size = *q.shape, dtype, group
         self.packed = self._pack(q)
-        self.scales_and_zeros = cpu_kernels.group_scales(scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
+        self.scales_and_zeros = packing.group_scales(scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
         self.small_m = INT8_ROWS_SMALL_M
         self.all_rows = INT8_ROWS_ALL_ROWS_AMX
         g = torch.arange(self.K) // group
@@ -33,7 +34,7 @@ class Int8GroupWeight(QuantizedWeight):
 
     @staticmethod
     def _pack(q: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.int8_pack(q.to(torch.int8), torch.bfloat16, int8_rows=True)
+        return packing.int8_pack(q.to(torch.int8), torch.bfloat16, int8_rows=True)
 
     @staticmethod
     def runs_here(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> bool:
@@ -67,4 +68,4 @@ class Int5Weight(Int8GroupWeight):
 
     @staticmethod
     def _pack(q: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.int5_pack(q)
+        return packing.int5_pack(q)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_kernels
+from engine.quant import packing
 from engine.attention import decode_rows
 from engine.checkpoint.quantized import INT4_GROUP_SIZES
 from engine.linear import DenseKernel, Linear, LinearKernel
@@ -129,7 +130,7 @@ class Int4Weight(QuantizedWeight):
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if device.type == "cpu" else None
         self.int8_rows = self.kernel_dtype == torch.bfloat16 and int8_rows
         if self.kernel_dtype is not None:
-            self.packed, self.scales_and_zeros = cpu_kernels.int4_pack(q, scales, zeros, self.kernel_dtype)
+            self.packed, self.scales_and_zeros = packing.int4_pack(q, scales, zeros, self.kernel_dtype)
         else:
             self.scales_and_zeros = torch.stack([scales, zeros], dim=-1).to(torch.bfloat16).contiguous()  # [G, N, 2]
             if device.type == "cuda":
@@ -179,7 +180,7 @@ class Int8Weight(QuantizedWeight):
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if fits else None
         self.int8_rows = self.kernel_dtype == torch.bfloat16 and int8_rows and q.shape[1] % 32 == 0
         if self.kernel_dtype is not None:
-            self.q = cpu_kernels.int8_pack(self.q, self.kernel_dtype, self.int8_rows)
+            self.q = packing.int8_pack(self.q, self.kernel_dtype, self.int8_rows)
             self.scales = scales.float().contiguous()
         else:
             self.scales = scales.to(torch.bfloat16).contiguous()

@@ -276,8 +276,9 @@ def amx_tiles_computed() -> int:
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int,
                 int8_rows: bool = False, amx: bool = False) -> torch.Tensor:
     """x [M, K] @ the packed 4-bit weight^T -> [M, N] in x's dtype, bfloat16 or float32, which picks
-    the kernel: pack for it (quant/packing.py's int4_pack). `int8_rows`: bf16 rows rounded to int8 per 32 inputs (the
-    same packed bytes); `amx`: their whole tiles of 16 rows on AMX (same results, has("amx_tiles"))."""
+    the kernel: pack for it (quant/packing.py's int4_pack). `int8_rows`: bf16 rows rounded to int8 per 32
+    inputs (the same packed bytes); `amx`: their whole tiles of 16 rows on AMX (same results,
+    has("amx_tiles"))."""
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)

@@ -52,13 +52,13 @@ def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, dev
     if "dequantized" in mode:
         log.info("%s checkpoint dequantized to %s at load (no packed kernel takes that dtype here)", spec.method, dtype)
     quantize_linears(net, mode, dtype, packed, int8_activations, dense_prompt_weights)
-    amx = choose_tiles(net)
+    choose_tiles(net)
     kv_mode = mode if kv_cache_dtype == "auto" else f"{mode}|kv {kv_cache_dtype}"  # int8 blocks: other bytes
     identity = model_identity(net, dtype, kv_mode, block_size)  # before packing: the weights as loaded
     pack_dense_linears(net)
     if share_tied_embedding(net):  # the lookup reads the LM head's int8 rows: another model for the disk tier
         identity = model_identity(net, dtype, f"{kv_mode}|embedding {identity.hex()}", block_size)
-    shown = mode + (", int8 rows" if int8_rows_in_use(net) else "") + (", AMX tiles" if any(amx.values()) else "")
+    shown = mode + (", int8 rows" if int8_rows_in_use(net) else "")
     defaults, defaults_source = sampling_defaults(source)
     return LoadedModel(source, hf_config, tokenizer, net, max_len, mode, shown, identity, weight_bytes(net),
                        defaults, defaults_source)

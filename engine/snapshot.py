@@ -10,6 +10,7 @@ import torch
 
 from engine.client import BlockState
 from engine.kv_cache_manager import OUT_OF_WINDOW
+from engine.quant.choose import amx_in_use
 from engine.llm_engine import LLMEngine
 
 
@@ -33,7 +34,8 @@ def take_snapshot(engine: LLMEngine) -> dict:
             owners.setdefault(block.block_id, owner)
             positions.setdefault(block.block_id, i)  # its place in that request's block table
     memory = {"rss": psutil.Process().memory_info().rss, "weights": engine.weight_bytes,
-              "kv_cache": engine.runner.kv_cache_bytes, "kv_cache_dtype": engine.runner.kv_cache_dtype}
+              "kv_cache": engine.runner.kv_cache_bytes, "kv_cache_dtype": engine.runner.kv_cache_dtype,
+              "amx_tiles": amx_in_use(engine.model)}
     if engine.device.type == "cuda":
         free, total = torch.cuda.mem_get_info(engine.device)
         memory.update(cuda_allocated=torch.cuda.memory_allocated(engine.device),

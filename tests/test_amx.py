@@ -86,4 +86,7 @@ def test_the_choice_is_measured_once_then_read_from_the_cache(tiny_model, monkey
     for m in second.engine.model.modules():
         if isinstance(m, Linear) and choose.shape_key(m.kernel) is not None:
             assert m.kernel.amx_from == cached[choose.shape_key(m.kernel)]
-    assert second.engine.quantization_shown.endswith(", AMX tiles") == any(cached.values())
+    from engine.snapshot import take_snapshot
+    from ui.panel import memory_html
+
+    assert ("AMX tiles" in memory_html(take_snapshot(second.engine))) == any(cached.values())  # the panel says so

@@ -210,7 +210,7 @@ def memory_html(snap: dict | None) -> str:
     m = snap["memory"]
     mib = lambda b: f"{b / 2**20:,.0f} MiB"  # noqa: E731
     parts = [f"model <b>{html.escape(snap['model'])}</b> on {snap['device']} ({snap['dtype']}, "
-             f"{html.escape(snap['quantization'])})",
+             f"{html.escape(snap['quantization'])}{'; AMX tiles' if m.get('amx_tiles') else ''})",
              f"weights {mib(m['weights'])}", f"KV pool {mib(m['kv_cache'])}"
              + (" (int8)" if m.get("kv_cache_dtype") == "int8" else ""), f"process RSS {mib(m['rss'])}"]
     if "cuda_allocated" in m:

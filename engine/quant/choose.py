@@ -107,5 +107,12 @@ def choose_tiles(model: nn.Module) -> dict[str, int]:
         with open(tmp, "w") as f:
             json.dump(known, f, indent=1)
         os.replace(tmp, path)
-        log.info("AMX tiles from these row counts (0: never), measured: %s", chosen)
+    if chosen:
+        log.info("int8 rows take AMX tiles from these row counts (0: never), %s: %s",
+                 "measured" if measured else "as measured before", chosen)
     return chosen
+
+
+def amx_in_use(model: nn.Module) -> bool:
+    """Whether any layer of `model` runs rows on AMX tiles (what the panel says)."""
+    return any(getattr(m.kernel, "amx_from", 0) for m in model.modules() if isinstance(m, Linear))

@@ -168,7 +168,13 @@ LINES_OF_TEXT = """e => {  // how many lines the element's text takes on screen
   const walk = document.createTreeWalker(e, NodeFilter.SHOW_TEXT), bottoms = [];
   while (walk.nextNode()) { const r = document.createRange(); r.selectNodeContents(walk.currentNode);
     for (const rect of r.getClientRects()) if (rect.height) bottoms.push(rect.bottom); }
-  return new Set(bottoms.map((b) => Math.round(b / 8))).size; }"""
+  // runs on one line end within a few pixels of each other (bold and plain text differ); lines are
+  // a line-height apart. (Rounding bottoms to buckets split one line in two wherever the page's
+  // scroll put a bucket's edge between them.)
+  bottoms.sort((a, b) => a - b);
+  let lines = 0, last = -Infinity;
+  for (const b of bottoms) if (b - last > 6) { lines++; last = b; }
+  return lines; }"""
 FOCUSED = "() => { const e = document.activeElement; return [e.id, e.getAttribute('aria-label') || '', " \
           "!!e.closest('#chatbot'), e.tagName, e.className]; }"
 

@@ -340,6 +340,7 @@ def test_panel_model_line_narrow_layout_and_dark_mode(page):
     send_by_keyboard(page, "A first question long enough to fill the whole width of a phone's chat bubble")
 
     expect(page.locator("#model-line")).to_contain_text("quantization")
+    expect(page.locator("#tokens-per-char")).to_be_visible()
     assert page.get_by_text("Memory (MiB)").count() >= 1
     page.locator("#theme-toggle").click()
     assert page.evaluate("document.body.classList.contains('dark')")
@@ -348,26 +349,29 @@ def test_panel_model_line_narrow_layout_and_dark_mode(page):
     assert page.evaluate("document.body.classList.contains('dark')")  # remembered
     page.screenshot(path=os.path.join(SCREENSHOT_DIR, "dark.png"))
     page.locator("#theme-toggle").click()
-    page.set_viewport_size({"width": 390, "height": 844})
-    page.reload()  # a phone opens the page at this size
-    expect(page.locator("#kv-used")).to_be_visible()
-    expect(page.locator(".sidebar.open")).to_have_count(0)  # the chats list waits behind its toggle
-    chat_box, panel_box = page.locator("#chatbot").bounding_box(), page.locator("#panel").bounding_box()
-    assert panel_box["y"] >= chat_box["y"] + chat_box["height"]  # the panel folds under the chat
-    assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1  # no sideways scrolling
-    page.screenshot(path=os.path.join(SCREENSHOT_DIR, "narrow.png"), full_page=True)
-    toggle = page.locator("button[aria-label='Toggle Sidebar']").bounding_box()
-    assert toggle["x"] >= 2 and toggle["x"] + toggle["width"] <= 390  # wholly on screen, clear of the edge
-    lines = page.locator("#model-line").evaluate(LINES_OF_TEXT)
-    assert lines <= 3.5  # the model line: three lines at most on a phone (it took five)
-    clear = page.locator("#chatbot button[aria-label='Clear']")
-    page.locator("#chatbot .bubble-wrap").evaluate("e => { e.scrollTop = 0; }")  # the chat scrolled to its start
-    user_first = page.locator("#chatbot [data-testid='user']").first.bounding_box()
-    assert user_first["y"] >= clear.bounding_box()["y"] + clear.bounding_box()["height"]  # no bubble over the trash
-    assert axe_violations(page) == []
-    page.screenshot(path=os.path.join(SCREENSHOT_DIR, "narrow.png"), full_page=True)
-    page.set_viewport_size({"width": 1400, "height": 1000})
-    page.reload()
+    try:
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.reload()  # a phone opens the page at this size
+        expect(page.locator("#kv-used")).to_be_visible()
+        expect(page.locator(".sidebar.open")).to_have_count(0)  # the chats list waits behind its toggle
+        chat_box, panel_box = page.locator("#chatbot").bounding_box(), page.locator("#panel").bounding_box()
+        assert panel_box["y"] >= chat_box["y"] + chat_box["height"]  # the panel folds under the chat
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390 + 1  # no sideways scrolling
+        page.screenshot(path=os.path.join(SCREENSHOT_DIR, "narrow.png"), full_page=True)
+        toggle = page.locator("button[aria-label='Toggle Sidebar']").bounding_box()
+        assert toggle["x"] >= 2 and toggle["x"] + toggle["width"] <= 390  # wholly on screen, clear of the edge
+        lines = page.locator("#model-line").evaluate(LINES_OF_TEXT)
+        assert lines <= 3.5  # the model line: three lines at most on a phone (it took five)
+        expect(page.locator("#tokens-per-char")).to_be_hidden()  # a wide screen's detail
+        clear = page.locator("#chatbot button[aria-label='Clear']")
+        page.locator("#chatbot .bubble-wrap").evaluate("e => { e.scrollTop = 0; }")  # the chat scrolled to its start
+        user_first = page.locator("#chatbot [data-testid='user']").first.bounding_box()
+        assert user_first["y"] >= clear.bounding_box()["y"] + clear.bounding_box()["height"]  # no bubble over the trash
+        assert axe_violations(page) == []
+        page.screenshot(path=os.path.join(SCREENSHOT_DIR, "narrow.png"), full_page=True)
+    finally:  # the next tests use this page at its wide size
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        page.reload()
     expect(page.locator(".sidebar.open")).to_have_count(1)
 
 

@@ -30,6 +30,7 @@ CSS = """
   .sidebar:not(.open) .toggle-button { left: calc(100% + 3px); }  /* wholly on screen, left of the content */
   #chatbot .bubble-wrap { padding-top: 36px; }  /* the first bubble stays below the chat's own buttons */
   #model-line { font-size: 0.8rem; flex: 1 1 100% !important; }  /* a row of its own, two lines at most */
+  #tokens-per-char { display: none; }  /* a detail for a wide screen: on a phone it wrapped to a fourth line */
 }
 """
 

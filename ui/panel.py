@@ -186,7 +186,7 @@ def model_line(client: EngineClient) -> str:
     ratios = " · ".join(f"{lang} {r:.2f}" for lang, r in tokens_per_char(info.tokenizer).items())
     return (f"Model <b id='model-name'>{html.escape(info.name)}</b> · quantization {html.escape(info.quantization)}"
             f" · {html.escape(info.device)} · {html.escape(info.dtype)}"
-            f" · <span id='tokens-per-char'>tokens per character: {ratios}</span>")
+            f"<span id='tokens-per-char'> · tokens per character: {ratios}</span>")
 
 
 def others_line(fleet) -> str:

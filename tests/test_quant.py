@@ -1,5 +1,8 @@
 """Weight-only quantization: exact packing round trips, kernels against the dequantized weights,
 GGUF blocks read as the file holds them, quantized models end to end."""
+import json
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -259,6 +262,30 @@ def gguf_with_q4_k_ffn_down(path: str) -> None:
 
     rewritten_gguf(path, lambda t: (q4_k_tensor(576, 1536, 0, d=2e-4).data, GGMLQuantizationType.Q4_K)
                    if t.name.endswith("ffn_down.weight") else (t.data, t.tensor_type))
+
+
+def test_the_gguf_tensor_index_is_kept_and_maps_the_same_bytes(tmp_path, monkeypatch):
+    """After the first read, a GGUF's tensors come from the kept index (no metadata parse), as the
+    same names, types and bytes GGUFReader gives; a damaged index is read again from the file."""
+    import gguf
+
+    from engine.checkpoint import gguf as gguf_module
+
+    monkeypatch.setenv("PAGEDCHAT_CACHE", str(tmp_path))
+    path = default_model_path()
+    assert gguf_module.gguf_tensors(path)[0] == "llama"
+    [index] = (tmp_path / "gguf").glob("*.tensors.json")
+    real_read = gguf_module._read_index
+    monkeypatch.setattr(gguf_module, "_read_index", lambda p: pytest.fail("the file was parsed again"))
+    arch, tensors = gguf_module.gguf_tensors(path)
+    reader = gguf.GGUFReader(path)
+    assert [(t.name, t.tensor_type, t.data.dtype, t.data.shape) for t in tensors] == \
+        [(t.name, int(t.tensor_type), t.data.dtype, t.data.shape) for t in reader.tensors]
+    assert all(np.array_equal(ours.data, theirs.data) for ours, theirs in zip(tensors, reader.tensors))
+    index.write_text("{")
+    monkeypatch.setattr(gguf_module, "_read_index", real_read)
+    assert [t.name for t in gguf_module.gguf_tensors(path)[1]] == [t.name for t in tensors]
+    assert json.loads(index.read_text())["arch"] == "llama"
 
 
 @pytest.mark.e2e

@@ -3,8 +3,11 @@ names, llama.cpp's q/k row permutation undone, the blocks our kernels run (4-, 5
 packed when asked. (The config and tokenizer come from checkpoint/source.py.)"""
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,16 +42,60 @@ def unpermute_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.reshape(num_heads, n // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    tensor_type: int
+    data: np.ndarray  # as GGUFReader gives it: a view of the file (raw bytes [rows, bytes] where quantized)
+
+
+def gguf_tensors(path: str) -> tuple[str, list[GGUFTensor]]:
+    """The file's architecture and tensors. GGUFReader parses every metadata field, the tokenizer's
+    100k strings too (3.3 s for SmolLM2, on every load); where, of what type and of what shape
+    each tensor lies is kept beside the converted config after the first read, and later loads
+    map the file and take views at those offsets."""
+    from engine.checkpoint.source import gguf_cache_folder
+
+    index_file = gguf_cache_folder(path) + ".tensors.json"
+    try:
+        with open(index_file) as f:
+            index = json.load(f)
+    except (OSError, ValueError):
+        index = _read_index(path)
+        try:
+            os.makedirs(os.path.dirname(index_file), exist_ok=True)
+            with open(f"{index_file}.tmp{os.getpid()}", "w") as f:
+                json.dump(index, f)
+            os.replace(f"{index_file}.tmp{os.getpid()}", index_file)
+        except OSError:
+            pass  # a read-only home only costs the parse at the next load
+    data = np.memmap(path, mode="r")
+    tensors = []
+    for name, kind, offset, dtype, shape in index["tensors"]:
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if offset + n > data.size:
+            raise ValueError(f"{path}: tensor {name!r} runs past the end of the file")
+        tensors.append(GGUFTensor(name, kind, data[offset:offset + n].view(dtype).reshape(shape)))
+    return index["arch"], tensors
+
+
+def _read_index(path: str) -> dict:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    return {"arch": reader.fields["general.architecture"].contents(),
+            "tensors": [(t.name, int(t.tensor_type), int(t.data_offset), t.data.dtype.str, list(t.data.shape))
+                        for t in reader.tensors]}
+
+
 def gguf_weights(path: str, hf_config, keep_packed: bool = False) -> Iterator[tuple[str, torch.Tensor | Packed4 | Packed8]]:
     """Every tensor once, under its transformers name. With `keep_packed`, the projections' blocks
     stay packed, read from the raw bytes (no float round trip): Q4_0 / Q4_1 / Q4_K as Packed4, Q8_0 /
     Q6_K as Packed8, Q5_0 / Q5_1 / Q5_K as Packed8 of 5 bits; everything else is dequantized to fp32."""
-    import gguf
     from gguf.quants import dequantize
 
-    reader = gguf.GGUFReader(path)
-    arch = reader.fields["general.architecture"].contents()
-    for t in reader.tensors:
+    arch, tensors = gguf_tensors(path)
+    for t in tensors:
         name = hf_name(t.name)
         if name is None:
             raise ValueError(f"GGUF tensor {t.name!r} has no place in a {arch} model")

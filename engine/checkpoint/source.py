@@ -93,13 +93,18 @@ def load_config_and_tokenizer(src: ModelSource):
     return AutoConfig.from_pretrained(src.path), AutoTokenizer.from_pretrained(src.path)
 
 
+def gguf_cache_folder(path: str) -> str:
+    """Where what was read from a GGUF file once is kept: named by its path, size and mtime."""
+    st = os.stat(path)
+    key = hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return os.path.join(cache_dir(), "gguf", key)
+
+
 def gguf_config_and_tokenizer(path: str):
     """Converted by transformers once and cached on disk (the tokenizer alone takes seconds)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    st = os.stat(path)
-    key = hashlib.sha256(f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    cache = os.path.join(cache_dir(), "gguf", key)
+    cache = gguf_cache_folder(path)
     if os.path.isfile(os.path.join(cache, "config.json")):
         try:
             return AutoConfig.from_pretrained(cache), AutoTokenizer.from_pretrained(cache)

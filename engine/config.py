@@ -89,6 +89,13 @@ class EngineConfig:
     # (a 1500-token Q4_K_M prompt 1.94 -> 1.34 s on a Xeon) for about three times the weight memory
     dense_prompt_weights: bool = setting(False, "on a CPU with AMX, keep a bf16 copy of each packed layer for "
                                          "large prompt steps (faster long prompts, ~3x the weight memory)")
+    # A row computes the same whatever shares its step (the greedy-identity invariants hold in every dtype).
+    # False: where the CPU has AMX-BF16, steps of many rows take 4-bit layers through bf16 tiles from the
+    # row count measured faster at load (engine/quant/choose.py), as vLLM's dense bf16 matmuls do; a
+    # reply may then depend on what else runs beside it. Measured: docs/benchmarks.md (AMX bf16 tiles).
+    batch_invariant: bool = setting(True, "steps of many rows may take faster kernels whose rounding differs (AMX "
+                                    "bf16 tiles for 4-bit layers): a reply may then depend on what shares "
+                                    "its steps", flag="--no-batch-invariant")
     max_waiting: int = setting(1024, "bounded waiting queue: past it, requests are refused as overloaded")
     # vLLM's: "raw_logprobs" are the model's log-softmax; "processed_logprobs" those of the distribution
     # sampled from: after penalties, logit_bias, masks and temperature (before top-k / top-p / min-p)
@@ -136,7 +143,7 @@ class EngineConfig:
             raise bad("quantization", f"must be one of {QUANTIZATIONS}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise bad("logprobs_mode", f"must be one of {LOGPROBS_MODES}")
-        for name in ("int8_activations", "dense_prompt_weights"):
+        for name in ("int8_activations", "dense_prompt_weights", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "must be True or False")
         if not isinstance(self.seed, int):

@@ -24,7 +24,7 @@ _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_nor
                                                       "prefix_attention.c", "pool.c", "features.c", "kv_store.c")]
 # part of the build's cache key, not compiled alone
 _HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "attention_int8.h", "common.h", "exp.h",
-                                                      "kernels.h", "pool.h", "quant_amx.h", "quant_int8_rows.h")]
+                                                      "kernels.h", "pool.h", "quant_amx.h", "quant_amx_bf16.h", "quant_int8_rows.h")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
 # only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-pthread", "-shared",
@@ -32,7 +32,8 @@ _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fope
 _lib: ctypes.CDLL | None = None
 _tried = False
 _features = 0  # pagedchat_features() of the build (csrc/kernels.h's PC_FEATURE_* bits)
-FEATURES = {"bf16_attention": 1, "quant_bf16": 2, "quant_f32": 4, "f32_attention": 8, "amx_tiles": 16}
+FEATURES = {"bf16_attention": 1, "quant_bf16": 2, "quant_f32": 4, "f32_attention": 8, "amx_tiles": 16,
+            "amx_bf16_tiles": 32}
 # csrc/common.h's return codes
 OK, UNSUPPORTED, NO_MEMORY, BAD_SHAPE = 0, -1, -2, -3
 build_key = ""  # names the build: its sources, compiler, flags and this CPU's features
@@ -81,7 +82,7 @@ def _build() -> ctypes.CDLL | None:
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
         "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),
         "amx_tiles_computed": (i64, []),
-        "int4_matmul": matmul4, "int4_matmul_i8": matmul4_i8, "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4_i8,
+        "int4_matmul": matmul4, "int4_matmul_bf16_tiles": matmul4, "int4_matmul_i8": matmul4_i8, "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4_i8,
         "int8_matmul": matmul8, "int8_matmul_i8": matmul8_i8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul4_i8,
     }
     for name, (restype, argtypes) in signatures.items():
@@ -273,22 +274,32 @@ def amx_tiles_computed() -> int:
     return _lib.amx_tiles_computed() if available() else 0
 
 
+def _packed_call(fn, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, *args) -> torch.Tensor:
+    """y [M, N] in x's dtype by fn(x, packed, scales, y, M, K, N, *args), N = 16 * packed.shape[0]."""
+    M, K = x.shape
+    x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
+    y = x.new_empty(M, packed.shape[0] * 16)
+    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], *args),
+           getattr(fn, "__name__", "a matmul kernel"))
+    return y
+
+
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int,
                 int8_rows: bool = False, amx: bool = False) -> torch.Tensor:
     """x [M, K] @ the packed 4-bit weight^T -> [M, N] in x's dtype, bfloat16 or float32, which picks
     the kernel: pack for it (quant/packing.py's int4_pack). `int8_rows`: bf16 rows rounded to int8 per 32
     inputs (the same packed bytes); `amx`: their whole tiles of 16 rows on AMX (same results,
     has("amx_tiles"))."""
-    M, K = x.shape
-    x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
-    y = x.new_empty(M, packed.shape[0] * 16)
-    args = (x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group_size, _threads)
     if int8_rows and x.dtype == torch.bfloat16:
-        code = _lib.int4_matmul_i8(*args, amx)
-    else:
-        code = (_lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul)(*args)
-    _check(code, "int4_matmul")
-    return y
+        return _packed_call(_lib.int4_matmul_i8, x, packed, scales, group_size, _threads, amx)
+    fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul
+    return _packed_call(fn, x, packed, scales, group_size, _threads)
+
+
+def int4_matmul_bf16_tiles(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """x [M, K] bf16 @ int4_matmul's packed weight^T on AMX bf16 tiles (has("amx_bf16_tiles")): each block
+    of 16 columns widened to bf16 once per call, fp32 sums over all K (csrc/quant_amx_bf16.h)."""
+    return _packed_call(_lib.int4_matmul_bf16_tiles, x, packed, scales, group_size, _threads)
 
 
 def group_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int, bits: int,
@@ -297,13 +308,8 @@ def group_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gr
     32 inputs (AVX-512 VNNI); scales and zeros as group_scales in bf16. `bits` 8 (groups of 16 or 32):
     packed as int8_pack(q, int8_rows=True), w = q * scale + zero; 5 (groups of 32): packed as
     int5_pack(q), w = (q - 16) * scale + zero. `amx` as int4_matmul's."""
-    M, K = x.shape
-    x = x if x.is_contiguous() else x.contiguous()
-    y = x.new_empty(M, packed.shape[0] * 16)
     fn = _lib.int5_matmul_i8 if bits == 5 else _lib.int8g_matmul_i8
-    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], group, _threads, amx),
-           "group_matmul")
-    return y
+    return _packed_call(fn, x, packed, scales, group, _threads, amx)
 
 
 def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int8_rows: bool = False,
@@ -311,13 +317,7 @@ def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int
     """x [M, K] @ the packed int8 weight^T * scales (fp32 [N]) -> [M, N] in x's dtype, bfloat16 or
     float32, which picks the kernel: pack for it (int8_pack, with the same `int8_rows`); `amx` as
     int4_matmul's."""
-    M, K = x.shape
-    x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
-    y = x.new_empty(M, packed.shape[0] * 16)
-    args = (x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], _threads)
     if int8_rows and x.dtype == torch.bfloat16:
-        code = _lib.int8_matmul_i8(*args, amx)
-    else:
-        code = (_lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul)(*args)
-    _check(code, "int8_matmul")
-    return y
+        return _packed_call(_lib.int8_matmul_i8, x, packed, scales, _threads, amx)
+    fn = _lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul
+    return _packed_call(fn, x, packed, scales, _threads)

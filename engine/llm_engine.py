@@ -46,10 +46,7 @@ class LLMEngine:
         self.device = config.resolved_device()
         self.dtype = config.resolved_dtype(self.device)
         t0 = time.perf_counter()
-        loaded = load(config.model, quantization=config.quantization, dtype=self.dtype, device=self.device,
-                      max_model_len=config.max_model_len, block_size=config.block_size,
-                      int8_activations=config.int8_activations, dense_prompt_weights=config.dense_prompt_weights,
-                      kv_cache_dtype=config.kv_cache_dtype)
+        loaded = load(config, dtype=self.dtype, device=self.device)
         self.source, self.hf_config, self.tokenizer, self.model = (loaded.source, loaded.hf_config, loaded.tokenizer,
                                                                    loaded.model)
         self.quantization, self.quantization_shown = loaded.quantization, loaded.quantization_shown

@@ -11,6 +11,7 @@ from torch import nn
 
 from engine.checkpoint.load import build_model, quant_spec
 from engine.checkpoint.source import ModelSource, load_config_and_tokenizer, resolve_model, sampling_defaults
+from engine.config import EngineConfig
 from engine.kv_disk_format import model_identity
 from engine.linear import weight_bytes
 from engine.quant.choices import choose_mode
@@ -37,12 +38,11 @@ class LoadedModel:
     sampling_source: str
 
 
-def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, device: torch.device,
-         max_model_len: int | None, block_size: int, int8_activations: bool,
-         dense_prompt_weights: bool = False, kv_cache_dtype: str = "auto") -> LoadedModel:
-    """The model named by `model` (see checkpoint.source.resolve_model) with every Linear on its
-    final kernel. Raises ValueError for a model or quantization that cannot be loaded."""
-    source = resolve_model(model)
+def load(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+    """The model `config` names (see checkpoint.source.resolve_model) with every Linear on its final
+    kernel, in `dtype` on `device`. Raises ValueError for a model or quantization that cannot be loaded."""
+    quantization, max_model_len, block_size = config.quantization, config.max_model_len, config.block_size
+    source = resolve_model(config.model)
     hf_config, tokenizer = load_config_and_tokenizer(source)
     max_len = resolve_max_model_len(hf_config, max_model_len)
     spec = quant_spec(source, hf_config)
@@ -51,9 +51,9 @@ def load(model: str | None, *, quantization: str | None, dtype: torch.dtype, dev
     net, packed = build_model(source, hf_config, dtype, device, max_len, keep_packed=keep_packed)
     if "dequantized" in mode:
         log.info("%s checkpoint dequantized to %s at load (no packed kernel takes that dtype here)", spec.method, dtype)
-    quantize_linears(net, mode, dtype, packed, int8_activations, dense_prompt_weights)
-    choose_tiles(net)
-    kv_mode = mode if kv_cache_dtype == "auto" else f"{mode}|kv {kv_cache_dtype}"  # int8 blocks: other bytes
+    quantize_linears(net, mode, dtype, packed, config.int8_activations, config.dense_prompt_weights)
+    choose_tiles(net, bf16_tiles=not config.batch_invariant)
+    kv_mode = mode if config.kv_cache_dtype == "auto" else f"{mode}|kv {config.kv_cache_dtype}"  # int8 blocks: other bytes
     identity = model_identity(net, dtype, kv_mode, block_size)  # before packing: the weights as loaded
     pack_dense_linears(net)
     if share_tied_embedding(net):  # the lookup reads the LM head's int8 rows: another model for the disk tier

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from engine import LLM, cpu_kernels
+from engine import LLM, SamplingParams, cpu_kernels
 from engine.linear import Linear
 from engine.quant import choose
 from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
@@ -54,12 +54,16 @@ def test_the_rule_takes_the_fewest_rows_from_which_amx_wins_at_every_larger_coun
     kernel = kernels_of_every_kind()["int4 g32"]
     for amx_wins, expected in (({16, 32, 64, 128, 256}, 16), ({16, 64, 128, 256}, 64), ({16, 32, 64, 128}, 0),
                                (set(), 0)):
-        def seconds(k, x, calls, wins=amx_wins):
-            on = k.amx_from > 0
-            return 1.0 if on == (x.shape[0] in wins) else 2.0
+        def seconds(run, x, calls, wins=amx_wins):
+            run(x)  # sets the kernel's amx_from for its way
+            return 1.0 if (kernel.amx_from > 0) == (x.shape[0] in wins) else 2.0
         monkeypatch.setattr(choose, "_seconds", seconds)
         assert choose.measure(kernel) == expected
         assert kernel.amx_from == 0  # left as it was found
+    for tiles_win, expected in (({64, 128, 256}, 64), ({16, 128}, 0)):  # bf16 tiles against the int8 rows
+        monkeypatch.setattr(choose, "_seconds", lambda run, x, calls, wins=tiles_win:
+                            1.0 if (run == kernel._tiles_matmul) == (x.shape[0] in wins) else 2.0)
+        assert choose.measure_bf16_tiles(kernel) == expected
 
 
 @amx
@@ -90,3 +94,27 @@ def test_the_choice_is_measured_once_then_read_from_the_cache(tiny_model, monkey
     from ui.panel import memory_html
 
     assert ("AMX tiles" in memory_html(take_snapshot(second.engine))) == any(cached.values())  # the panel says so
+
+
+@pytest.mark.skipif(not cpu_kernels.has("amx_bf16_tiles"), reason="no AMX-BF16 here, or Linux does not lend it")
+def test_batch_invariant_off_gives_large_steps_to_bf16_tiles_and_on_keeps_every_row_on_int8_rows(
+        tiny_model, monkeypatch, tmp_path):
+    """The default (batch_invariant) never takes bf16 tiles; off, each 4-bit layer takes them from the row
+    count measured faster (forced to 64 here), so a 100-row prompt step does and its one-row decodes do not."""
+    monkeypatch.setenv("PAGEDCHAT_CACHE", str(tmp_path))
+    monkeypatch.setattr(choose, "measure_bf16_tiles", lambda kernel: 64)
+    calls = []
+    tiles = Int4Weight._tiles_matmul
+    monkeypatch.setattr(Int4Weight, "_tiles_matmul", lambda self, x: calls.append(x.shape[0]) or tiles(self, x))
+    path, _ = tiny_model("qwen2")
+    params = {"temperature": 0, "max_tokens": 6, "ignore_eos": True}
+    replies = {}
+    for invariant in (True, False):
+        llm = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=32, batch_invariant=invariant)
+        body = llm.engine.model.model  # the layers (the LM head computes the one row it samples)
+        kernels = [m.kernel for m in body.modules() if isinstance(getattr(m, "kernel", None), Int4Weight)]
+        assert kernels and {k.tiles_from for k in kernels} == ({0} if invariant else {64})
+        calls.clear()
+        replies[invariant] = llm.generate([list(range(100, 200))], SamplingParams(**params))[0].outputs[0].token_ids
+        assert calls == ([] if invariant else [100] * len(kernels))  # the prompt step only, once per layer
+    assert len(replies[False]) == 6

@@ -200,6 +200,23 @@ def test_int4_act_order_permutation_is_undone():
     assert rel(weight.matmul(x), F.linear(x.float(), deq)) < 1e-2
 
 
+@pytest.mark.skipif(not cpu_kernels.has("amx_bf16_tiles"), reason="no AMX-BF16 tiles here")
+@pytest.mark.parametrize("group, perm", [(32, False), (128, True)])
+def test_4bit_blocks_on_bf16_tiles_compute_the_dequantized_product_and_a_row_as_alone(group, perm):
+    """The packed blocks widened to bf16 on AMX tiles (batch_invariant off) equal the dequantized weights'
+    product (bf16 rounding), rows past a multiple of 16 included, each row as when alone."""
+    g = torch.Generator().manual_seed(group)
+    w = torch.randn(96, 256, generator=g)
+    order = torch.randperm(256, generator=g) if perm else None
+    q, scales, zeros = quantize_int4(w if order is None else w[:, order], group)
+    weight = Int4Weight(q, scales, zeros, group, torch.bfloat16, perm=order)
+    deq = weight.dequantize(q, scales, zeros)
+    x = torch.randn(37, 256, generator=g).bfloat16()
+    y = weight._tiles_matmul(x)
+    assert y.shape == (37, 96) and rel(y, F.linear(x.float(), deq)) < 1e-2
+    assert torch.equal(torch.cat([weight._tiles_matmul(x[i:i + 1]) for i in range(37)]), y)
+
+
 def test_int8_round_trip_and_kernel():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(64, 192, generator=g)

@@ -12,6 +12,7 @@ int pagedchat_features(void) {
     features |= PC_FEATURE_QUANT_BF16;
 #endif
     if (amx_tiles()) features |= PC_FEATURE_AMX_TILES;
+    if (amx_bf16_tiles()) features |= PC_FEATURE_AMX_BF16_TILES;
 #ifdef PC_AVX2_FMA
     features |= PC_FEATURE_QUANT_F32 | PC_FEATURE_F32_ATTENTION;
 #endif

@@ -9,6 +9,7 @@
 #define PC_FEATURE_QUANT_F32 4      /* AVX2 + FMA: int4_matmul_f32, int8_matmul_f32 */
 #define PC_FEATURE_F32_ATTENTION 8  /* AVX2 + FMA: paged_decode_attention's vectorised fp32 path */
 #define PC_FEATURE_AMX_TILES 16     /* AMX-INT8, lent by Linux: the _i8 kernels' amx (quant_amx.h) */
+#define PC_FEATURE_AMX_BF16_TILES 32 /* AMX-BF16, lent by Linux: int4_matmul_bf16_tiles (quant_amx_bf16.h) */
 int pagedchat_features(void);
 
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, void *out,
@@ -42,6 +43,9 @@ int int8g_matmul_i8(const void *x, const void *packed, const void *scales, void 
                     int threads, int amx);
 int amx_tiles(void);                 /* whether this build has AMX-INT8 tiles and Linux lends them to this process */
 int64_t amx_tiles_computed(void);    /* how many tiles of 16 rows by 16 columns they have computed */
+int amx_bf16_tiles(void);            /* whether this build has AMX-BF16 tiles and Linux lends them */
+int int4_matmul_bf16_tiles(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
+                           int group, int threads);
 int int4_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                     int threads);
 int int8_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,

@@ -119,6 +119,7 @@ ALWAYS_INLINE void tile8(const int8_t *packed, const float *scales, const uint16
 enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16, INT8G_I8 = 20, INT8G16_I8 = 24, INT5_I8 = 28 };
 
 #include "quant_amx.h"
+#include "quant_amx_bf16.h"
 
 ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
                             const float *xqsum, uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N,
@@ -306,6 +307,35 @@ int int8_matmul(const void *x, const void *packed, const void *scales, void *y, 
 
 int amx_tiles(void) { return AMX_KIND(INT4_I8) && amx_permitted(); }
 
+#ifdef PC_AMX_BF16
+int amx_bf16_tiles(void) { return amx_permitted(); }
+#else
+int amx_bf16_tiles(void) { return 0; }
+#endif
+
+/* 4-bit weights on AMX bf16 tiles (quant_amx_bf16.h): PC_UNSUPPORTED where the build or Linux lacks them. */
+int int4_matmul_bf16_tiles(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
+                           int group, int threads) {
+#ifdef PC_AMX_BF16
+    if (M <= 0 || N <= 0) return 0;
+    if (!amx_permitted() || K % 32 || group % 4) return PC_UNSUPPORTED;
+    const int whole = M / 16 * 16;
+    uint16_t *tail = NULL; /* the rows past the last whole tile, then zeros */
+    if (whole != M) {
+        if (!(tail = calloc((size_t)16 * K, 2))) return PC_NO_MEMORY;
+        memcpy(tail, (const uint16_t *)x + (int64_t)whole * K, (size_t)(M - whole) * K * 2);
+    }
+    struct bf16_job j = {packed, scales, x, tail, y, M, K, K / group, group, N};
+    if ((int64_t)M * N * K < THREADS_FROM) threads = 1;
+    pool_run(threads < N / 16 ? threads : N / 16, bf16_part, &j);
+    free(tail);
+    return 0;
+#else
+    (void)x, (void)packed, (void)scales, (void)y, (void)M, (void)K, (void)N, (void)group, (void)threads;
+    return PC_UNSUPPORTED;
+#endif
+}
+
 int64_t amx_tiles_computed(void) { return amx_tile_count; }
 
 #else
@@ -346,6 +376,14 @@ int int8_matmul(const void *x, const void *packed, const void *scales, void *y, 
 }
 
 int amx_tiles(void) { return 0; }
+
+int amx_bf16_tiles(void) { return 0; }
+
+int int4_matmul_bf16_tiles(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
+                           int group, int threads) {
+    UNUSED_MATMUL, (void)group;
+    return PC_UNSUPPORTED;
+}
 
 int64_t amx_tiles_computed(void) { return 0; }
 #endif

@@ -22,7 +22,7 @@ from torch import nn
 from engine import cpu_kernels
 from engine.config import cache_dir
 from engine.linear import Linear
-from engine.quant.kernels import QuantizedWeight
+from engine.quant.kernels import Int4Weight, QuantizedWeight
 
 log = logging.getLogger("pagedchat.quant")
 
@@ -39,18 +39,33 @@ def shape_key(kernel: QuantizedWeight) -> str | None:
 
 
 def measure(kernel: QuantizedWeight) -> int:
-    """The fewest rows of ROWS from which AMX is faster at every larger count, or 0 (never)."""
+    """The fewest rows of ROWS from which AMX int8 tiles are faster at every larger count, or 0 (never)."""
+    def rows_on(amx_from: int):
+        def run(x: torch.Tensor) -> None:
+            kernel.amx_from = amx_from
+            kernel._packed_matmul(x)
+        return run
+    chosen = _fewest_rows(kernel.K, rows_on(0), rows_on(1))
+    kernel.amx_from = 0
+    return chosen
+
+
+def measure_bf16_tiles(kernel: Int4Weight) -> int:
+    """The fewest rows of ROWS from which bf16 tiles beat the int8 rows (on the tiles `amx_from` chose)
+    at every larger count, or 0 (never)."""
+    return _fewest_rows(kernel.K, kernel._packed_matmul, kernel._tiles_matmul)
+
+
+def _fewest_rows(K: int, slow, fast) -> int:
     faster = []
     for rows in ROWS:
-        x = torch.randn(rows, kernel.K).to(torch.bfloat16)
-        calls = max(1, int(RUN_SECONDS / _seconds(kernel, x, 1)))
-        best = {0: float("inf"), rows: float("inf")}
+        x = torch.randn(rows, K).to(torch.bfloat16)
+        calls = max(1, int(RUN_SECONDS / _seconds(slow, x, 1)))
+        best = {slow: float("inf"), fast: float("inf")}
         for _ in range(REPEATS):
-            for amx_from in best:
-                kernel.amx_from = amx_from
-                best[amx_from] = min(best[amx_from], _seconds(kernel, x, calls))
-        faster.append(best[rows] < best[0])
-    kernel.amx_from = 0
+            for run in best:
+                best[run] = min(best[run], _seconds(run, x, calls))
+        faster.append(best[fast] < best[slow])
     chosen = 0
     for rows, wins in reversed(list(zip(ROWS, faster))):
         if not wins:
@@ -59,10 +74,10 @@ def measure(kernel: QuantizedWeight) -> int:
     return chosen
 
 
-def _seconds(kernel: QuantizedWeight, x: torch.Tensor, calls: int) -> float:
+def _seconds(run, x: torch.Tensor, calls: int) -> float:
     start = time.perf_counter()
     for _ in range(calls):
-        kernel._packed_matmul(x)
+        run(x)
     return time.perf_counter() - start
 
 
@@ -80,9 +95,10 @@ def _cpuinfo() -> list[str]:
         return []
 
 
-def choose_tiles(model: nn.Module) -> dict[str, int]:
-    """Set `amx_from` on every int8-row kernel of `model` (measured once per shape, cached); returns
-    the choice per shape. Nothing to choose where the kernels have no AMX tiles."""
+def choose_tiles(model: nn.Module, bf16_tiles: bool = False) -> dict[str, int]:
+    """Set `amx_from` on every int8-row kernel of `model` and, with `bf16_tiles` (the engine's
+    batch_invariant off) where the CPU has AMX-BF16, `tiles_from` on its 4-bit ones (each measured once
+    per shape, cached); returns the choices per shape. Nothing to choose where the kernels have no AMX tiles."""
     if not cpu_kernels.has("amx_tiles"):
         return {}
     kernels = [m.kernel for m in model.modules() if isinstance(m, Linear) and isinstance(m.kernel, QuantizedWeight)]
@@ -101,6 +117,11 @@ def choose_tiles(model: nn.Module) -> dict[str, int]:
         if key not in known:
             known[key], measured = measure(kernel), True
         kernel.amx_from = chosen[key] = known[key]
+        if bf16_tiles and isinstance(kernel, Int4Weight) and kernel.int8_rows and cpu_kernels.has("amx_bf16_tiles"):
+            key += ", bf16 tiles"
+            if key not in known:
+                known[key], measured = measure_bf16_tiles(kernel), True
+            kernel.tiles_from = chosen[key] = known[key]
     if measured:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"

@@ -78,6 +78,8 @@ class QuantizedWeight(LinearKernel):
     all_rows = 0  # packed_rows'
     amx_from = 0  # int8 rows: calls with at least this many rows run their 16-row tiles on AMX (0: never;
     # engine/quant/choose.py measures it at load; the results are the same either way)
+    tiles_from = 0  # 4-bit: calls with at least this many rows take AMX bf16 tiles (0: never; the engine's
+    # batch_invariant off, measured at load: these rows then compute apart from the int8-row kernels')
 
     @property
     def label(self) -> str:
@@ -92,6 +94,8 @@ class QuantizedWeight(LinearKernel):
         return self.nbytes + (self.dense.resident_bytes if self.dense is not None else 0)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if 0 < self.tiles_from <= x.shape[0]:
+            return self._tiles_matmul(x)
         small = packed_rows(x.shape[0], self.small_m, self.all_rows) if self.dense is not None else x.shape[0]
         if small == 0:
             return self.dense(x)
@@ -99,6 +103,9 @@ class QuantizedWeight(LinearKernel):
         return y if small == x.shape[0] else torch.cat([y, self.dense(x[small:])])
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _tiles_matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def amx(self, x: torch.Tensor) -> bool:
@@ -161,6 +168,11 @@ class Int4Weight(QuantizedWeight):
             y = torch._weight_int4pack_mm_for_cpu(xb.to(torch.bfloat16).contiguous(), self.packed, self.group_size,
                                                   self.scales_and_zeros)
         return y if y.dtype is x.dtype else y.to(x.dtype)
+
+    def _tiles_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x if self.perm is None else x[:, self.perm]
+        return cpu_kernels.int4_matmul_bf16_tiles(_as(xb, torch.bfloat16), self.packed, self.scales_and_zeros,
+                                                  self.group_size).to(x.dtype)
 
     @property
     def nbytes(self) -> int:

@@ -8,6 +8,10 @@ on the CPU, the layer's shape and the row count: at first load each distinct sha
 The answers are kept under the cache folder per CPU model, kernel build and thread count; later loads
 read them instead of measuring. Measured on a Xeon with AMX (2026-12-05, 2 threads, ms, VNNI vs AMX):
 3072x576 16 rows 0.51 vs 0.18, 64 rows 1.23 vs 0.61; the 49152x576 LM head 64 rows 14.0 vs 5.3.
+
+With the engine's batch_invariant off, a 4-bit layer may also take AMX bf16 tiles (csrc/quant_amx_bf16.h),
+which round differently: the same measurement against its int8 rows gives its `tiles_from` (16-32 rows
+for SmolLM2's shapes on that Xeon, 2026-12-06: 3072x576 at 64 rows 0.58 vs 0.36 ms).
 """
 from __future__ import annotations
 
@@ -129,7 +133,7 @@ def choose_tiles(model: nn.Module, bf16_tiles: bool = False) -> dict[str, int]:
             json.dump(known, f, indent=1)
         os.replace(tmp, path)
     if chosen:
-        log.info("int8 rows take AMX tiles from these row counts (0: never), %s: %s",
+        log.info("AMX tiles (int8 rows; ', bf16 tiles': 4-bit layers in bf16) from these row counts (0: never), %s: %s",
                  "measured" if measured else "as measured before", chosen)
     return chosen
 

@@ -15,7 +15,7 @@ where vLLM's bf16 is emulated; --vllm-dtype overrides), prefix caching, 64 seque
 cache, OpenMP on cores 0-1 and its bundled libiomp5 preloaded. pagedchat runs `python -m server` on
 its default (the GGUF, 4-bit blocks kept packed, rows as int8 per 32 inputs) unless --ours-hf
 serves it the same bf16 folder; --with-bf16-rows adds a server with --no-int8-activations,
---with-int8-kv one with --kv-cache-dtype int8.
+--with-int8-kv one with --kv-cache-dtype int8, --with-no-batch-invariant one with --no-batch-invariant.
 llama-server (bench/llama_cpp.py) serves the same GGUF file as pagedchat's default, 64 slots, in the
 KV layouts --llama-cpp names (default: unified, its best here for many sessions).
 
@@ -164,6 +164,7 @@ def main() -> None:
     p.add_argument("--with-bf16-rows", action="store_true",
                    help="also serve pagedchat with --no-int8-activations (columns of its own)")
     p.add_argument("--with-int8-kv", action="store_true", help="also pagedchat with --kv-cache-dtype int8")
+    p.add_argument("--with-no-batch-invariant", action="store_true", help="also pagedchat with --no-batch-invariant")
     p.add_argument("--llama-cpp", nargs="*", choices=tuple(VARIANTS), default=["unified"],
                    help="llama-server's KV layouts to run, each a column (none: skip llama.cpp)")
     p.add_argument("--vllm-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
@@ -184,6 +185,9 @@ def main() -> None:
             servers.append(Server("bf16 rows", [*ours_cmd, "--no-int8-activations"], dict(os.environ)))
         if args.with_int8_kv:
             servers.append(Server("pagedchat int8 KV", [*ours_cmd, "--kv-cache-dtype", "int8"], dict(os.environ)))
+        if args.with_no_batch_invariant:
+            servers.append(Server("pagedchat, no batch invariance", [*ours_cmd, "--no-batch-invariant"],
+                                  dict(os.environ)))
     if not args.skip_vllm:
         servers.append(vllm_server(args, folder, vllm_dtype))
     if args.llama_cpp:

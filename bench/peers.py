@@ -164,7 +164,8 @@ def main() -> None:
     p.add_argument("--with-bf16-rows", action="store_true",
                    help="also serve pagedchat with --no-int8-activations (columns of its own)")
     p.add_argument("--with-int8-kv", action="store_true", help="also pagedchat with --kv-cache-dtype int8")
-    p.add_argument("--with-no-batch-invariant", action="store_true", help="also pagedchat with --no-batch-invariant")
+    p.add_argument("--with-no-batch-invariant", action="store_true",
+                   help="also pagedchat with --no-batch-invariant")
     p.add_argument("--llama-cpp", nargs="*", choices=tuple(VARIANTS), default=["unified"],
                    help="llama-server's KV layouts to run, each a column (none: skip llama.cpp)")
     p.add_argument("--vllm-dtype", choices=("auto", "bfloat16", "float32"), default="auto",

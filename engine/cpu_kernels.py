@@ -296,7 +296,8 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, gro
     return _packed_call(fn, x, packed, scales, group_size, _threads)
 
 
-def int4_matmul_bf16_tiles(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+def int4_matmul_bf16_tiles(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                           group_size: int) -> torch.Tensor:
     """x [M, K] bf16 @ int4_matmul's packed weight^T on AMX bf16 tiles (has("amx_bf16_tiles")): each block
     of 16 columns widened to bf16 once per call, fp32 sums over all K (csrc/quant_amx_bf16.h)."""
     return _packed_call(_lib.int4_matmul_bf16_tiles, x, packed, scales, group_size, _threads)

@@ -53,7 +53,8 @@ def load(config: EngineConfig, dtype: torch.dtype, device: torch.device) -> Load
         log.info("%s checkpoint dequantized to %s at load (no packed kernel takes that dtype here)", spec.method, dtype)
     quantize_linears(net, mode, dtype, packed, config.int8_activations, config.dense_prompt_weights)
     choose_tiles(net, bf16_tiles=not config.batch_invariant)
-    kv_mode = mode if config.kv_cache_dtype == "auto" else f"{mode}|kv {config.kv_cache_dtype}"  # int8 blocks: other bytes
+    kv = config.kv_cache_dtype
+    kv_mode = mode if kv == "auto" else f"{mode}|kv {kv}"  # int8 blocks: other bytes
     identity = model_identity(net, dtype, kv_mode, block_size)  # before packing: the weights as loaded
     pack_dense_linears(net)
     if share_tied_embedding(net):  # the lookup reads the LM head's int8 rows: another model for the disk tier

@@ -23,8 +23,9 @@ _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_nor
                                                       "quant_matmul.c", "quant_matmul_f32.c", "argmax.c",
                                                       "prefix_attention.c", "pool.c", "features.c", "kv_store.c")]
 # part of the build's cache key, not compiled alone
-_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_f32.h", "attention_int8.h", "common.h", "exp.h",
-                                                      "kernels.h", "pool.h", "quant_amx.h", "quant_amx_bf16.h", "quant_int8_rows.h")]
+_HEADERS = [os.path.join(_CSRC, name) for name in ("attention_amx.h", "attention_f32.h", "attention_int8.h",
+                                                      "common.h", "exp.h", "kernels.h", "pool.h", "quant_amx.h",
+                                                      "quant_amx_bf16.h", "quant_int8_rows.h")]
 # fast-math lets the compiler vectorise the reductions and expf; infinities stay meaningful. OpenMP
 # only for its simd hints: the threads are our own (csrc/pool.c), torch's runtime stays the only one.
 _FLAGS = ["-O3", "-march=native", "-ffast-math", "-fno-finite-math-only", "-fopenmp-simd", "-pthread", "-shared",

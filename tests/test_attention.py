@@ -57,6 +57,26 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv,
         assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
 
 
+@pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_a_decode_row_is_attended_the_same_alone_and_in_a_batch(dtype, block_size):
+    """The kernel's rows (AMX tiles of a head's query rows where the CPU has them) are each sequence's own:
+    the same bits whatever else is in the batch."""
+    gen = torch.Generator().manual_seed(block_size)
+    attn = PagedAttention(9, 3, 64, 0.125)
+    attn.k_cache = key_pairs(torch.randn(12, block_size, 3, 64, generator=gen).to(dtype))
+    attn.v_cache = torch.randn(12, block_size, 3, 64, generator=gen).to(dtype)
+    lens = torch.tensor([2 * block_size + 3, 5, 3 * block_size])
+    table = torch.randperm(12, generator=gen)[:9].view(3, 3)
+    q = torch.randn(3, 9, 64, generator=gen).to(dtype)
+    out = attn._decode(q, AttentionMetadata(torch.empty(0, dtype=torch.long), 3, table, lens))
+    for i in range(3):
+        alone = attn._decode(q[i:i + 1], AttentionMetadata(torch.empty(0, dtype=torch.long), 1, table[i:i + 1],
+                                                           lens[i:i + 1]))
+        assert torch.equal(alone[0], out[i])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("path", ["kernel", "torch"])
 def test_kv_store_writes_the_slots_index_copy_would(dtype, path, monkeypatch):

@@ -4,7 +4,8 @@
  * K lies in dimension pairs so that scores vectorise across tokens: with AVX-512 BF16 (bf16 caches,
  * block_size % 16 == 0) 16 tokens' scores per bf16 pair dot product, fp32 on AVX2 4 per FMA; V lies
  * token by token, and for D == 64 the outputs stay in registers while V streams by; exp is
- * vectorised (exp.h).
+ * vectorised (exp.h). Where the CPU has AMX-BF16 (bf16 caches, D == 64), both passes run on AMX tiles
+ * instead (attention_amx.h).
  *
  * Layouts (contiguous, except q's rows, q_stride elements apart, so q can be a view of the fused
  * qkv projection):
@@ -36,6 +37,7 @@
 
 #ifdef PC_AVX512_BF16
 #include <immintrin.h>
+#include "attention_amx.h"
 
 /* Scores of `rows` query rows of one kv head (at most 4; a constant where it is called, so the loops
  * unroll) for 32 tokens: two runs of 16 in K's layout ([Hkv, D/2, block_size, 2] a block), k0 and
@@ -183,8 +185,13 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     table += start / block_size;
     const int G = H / Hkv, nh = h1 - h0, R = nh * G; /* query rows handled here */
     const int W = nh * D;                               /* floats of one token's K (or V) row */
-    /* scores [R, L], q and acc [R, D], one K/V row, then the probabilities in bf16 [R, L + 1] */
-    float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W) + sizeof(uint16_t) * R * (L + 1));
+#ifdef PC_ATTENTION_AMX
+    static int amx_lent = -1; /* asked once; the answer is the same for every thread */
+    if (amx_lent < 0) amx_lent = amx_bf16_tiles();
+    const int amx = amx_lent && dtype == 1 && D == 64 && block_size % 16 == 0 && G <= 16;
+#endif
+    /* scores [R, L], q and acc [R, D], one K/V row, then the probabilities in bf16 [R, L + 32] */
+    float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W) + sizeof(uint16_t) * R * (L + 32));
     if (!scores) return PC_NO_MEMORY;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
     for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
@@ -201,6 +208,13 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
         }
         const struct int8_queries iq = {quads, row_scale, offset};
         scores_int8(&iq, k_cache, table, L, h0, nh, G, Hkv, D, block_size, scores);
+    } else
+#endif
+#ifdef PC_ATTENTION_AMX
+    if (amx) {
+        attention_amx_configure(G);
+        scores_amx((const uint16_t *)q + (int64_t)h0 * G * D, k_cache, table, L, h0, nh, G, Hkv, block_size, scale,
+                   scores);
     } else
 #endif
 #ifdef PC_AVX512_BF16
@@ -232,6 +246,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     for (int r = 0; r < R; r++) { /* softmax of each row */
         float *sr = scores + (size_t)r * L, m = -INFINITY, sum = 0.f;
         for (int64_t t = 0; t < skip; t++) sr[t] = -INFINITY; /* before the window: weight 0 */
+#pragma omp simd reduction(max : m) /* without it, one dependent scalar max per score: a fifth of the kernel */
         for (int64_t t = 0; t < L; t++) m = sr[t] > m ? sr[t] : m;
         for (int64_t t = 0; t < L; t++) { sr[t] = exp_f32(sr[t] - m); sum += sr[t]; }
         sums[r] = sum;
@@ -241,6 +256,13 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     if (dtype == 2)
         values_int8(v_cache, table, L, h0, nh, G, Hkv, D, block_size, scores, acc);
     else
+#endif
+#ifdef PC_ATTENTION_AMX
+    if (amx) {
+        values_amx(v_cache, table, L, h0, nh, G, Hkv, block_size, scores, (uint16_t *)(row + W), (L + 31) / 32 * 32,
+                   acc);
+        _tile_release();
+    } else
 #endif
 #ifdef PC_AVX512_BF16
     if (dtype == 1 && D == 64)

@@ -60,21 +60,28 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv,
 @pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_a_decode_row_is_attended_the_same_alone_and_in_a_batch(dtype, block_size):
-    """The kernel's rows (AMX tiles of a head's query rows where the CPU has them) are each sequence's own:
-    the same bits whatever else is in the batch."""
+def test_a_row_is_attended_the_same_alone_and_in_a_batch(dtype, block_size):
+    """The kernel's rows are each sequence's own (with AMX, a prompt chunk's rows share tiles): a decode
+    row, and each row of a 7-row prompt chunk over its own prefix, gives the same bits alone as in a batch
+    with the others, and the chunk's rows match the reference."""
     gen = torch.Generator().manual_seed(block_size)
     attn = PagedAttention(9, 3, 64, 0.125)
-    attn.k_cache = key_pairs(torch.randn(12, block_size, 3, 64, generator=gen).to(dtype))
-    attn.v_cache = torch.randn(12, block_size, 3, 64, generator=gen).to(dtype)
-    lens = torch.tensor([2 * block_size + 3, 5, 3 * block_size])
-    table = torch.randperm(12, generator=gen)[:9].view(3, 3)
-    q = torch.randn(3, 9, 64, generator=gen).to(dtype)
-    out = attn._decode(q, AttentionMetadata(torch.empty(0, dtype=torch.long), 3, table, lens))
-    for i in range(3):
+    attn.k_cache = key_pairs(torch.randn(16, block_size, 3, 64, generator=gen).to(dtype))
+    attn.v_cache = torch.randn(16, block_size, 3, 64, generator=gen).to(dtype)
+    blocks = torch.randperm(16, generator=gen)
+    chunk_end = 2 * block_size + 4  # the chunk's 7 rows cross a block boundary
+    lens = torch.tensor([2 * block_size + 3, 5] + list(range(chunk_end - 6, chunk_end + 1)) + [3 * block_size])
+    table = torch.stack([blocks[:3], blocks[3:6]] + [blocks[6:9]] * 7 + [blocks[9:12]])
+    q = torch.randn(len(lens), 9, 64, generator=gen).to(dtype)
+    out = attn._decode(q, AttentionMetadata(torch.empty(0, dtype=torch.long), 2, table, lens))
+    for i in range(len(lens)):
         alone = attn._decode(q[i:i + 1], AttentionMetadata(torch.empty(0, dtype=torch.long), 1, table[i:i + 1],
                                                            lens[i:i + 1]))
-        assert torch.equal(alone[0], out[i])
+        assert torch.equal(alone[0], out[i]), i
+        slots = torch.tensor([int(table[i, t // block_size]) * block_size + t % block_size for t in range(lens[i])])
+        ref = reference(q[i], key_rows(attn.k_cache).view(-1, 3, 64)[slots], attn.v_cache.view(-1, 3, 64)[slots],
+                        0.125)
+        assert (out[i].double() - ref).abs().max().item() < 2e-2 * max(1.0, ref.abs().max().item())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

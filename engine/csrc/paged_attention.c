@@ -185,13 +185,8 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     table += start / block_size;
     const int G = H / Hkv, nh = h1 - h0, R = nh * G; /* query rows handled here */
     const int W = nh * D;                               /* floats of one token's K (or V) row */
-#ifdef PC_ATTENTION_AMX
-    static int amx_lent = -1; /* asked once; the answer is the same for every thread */
-    if (amx_lent < 0) amx_lent = amx_bf16_tiles();
-    const int amx = amx_lent && dtype == 1 && D == 64 && block_size % 16 == 0 && G <= 16;
-#endif
-    /* scores [R, L], q and acc [R, D], one K/V row, then the probabilities in bf16 [R, L + 32] */
-    float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W) + sizeof(uint16_t) * R * (L + 32));
+    /* scores [R, L], q and acc [R, D], one K/V row, then the probabilities in bf16 [R, L + 1] */
+    float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W) + sizeof(uint16_t) * R * (L + 1));
     if (!scores) return PC_NO_MEMORY;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
     for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
@@ -208,13 +203,6 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
         }
         const struct int8_queries iq = {quads, row_scale, offset};
         scores_int8(&iq, k_cache, table, L, h0, nh, G, Hkv, D, block_size, scores);
-    } else
-#endif
-#ifdef PC_ATTENTION_AMX
-    if (amx) {
-        attention_amx_configure(G);
-        scores_amx((const uint16_t *)q + (int64_t)h0 * G * D, k_cache, table, L, h0, nh, G, Hkv, block_size, scale,
-                   scores);
     } else
 #endif
 #ifdef PC_AVX512_BF16
@@ -256,13 +244,6 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     if (dtype == 2)
         values_int8(v_cache, table, L, h0, nh, G, Hkv, D, block_size, scores, acc);
     else
-#endif
-#ifdef PC_ATTENTION_AMX
-    if (amx) {
-        values_amx(v_cache, table, L, h0, nh, G, Hkv, block_size, scores, (uint16_t *)(row + W), (L + 31) / 32 * 32,
-                   acc);
-        _tile_release();
-    } else
 #endif
 #ifdef PC_AVX512_BF16
     if (dtype == 1 && D == 64)
@@ -313,25 +294,50 @@ struct job {
     int64_t q_stride;
     int B, H, Hkv, D, block_size, max_blocks, dtype, split;
     float scale;
+    const int *groups; /* AMX: task t attends rows [groups[t], groups[t + 1]) together (attention_amx.h) */
+    int tasks;
     atomic_int next, failed; /* tasks are taken in turn: sequences differ in length */
 };
+
+static int attend_task(const struct job *j, int task) {
+    const int per = j->Hkv / j->split, h0 = (task % j->split) * per, first = j->groups ? j->groups[task / j->split]
+                                                                                     : task / j->split;
+    const int64_t size = j->dtype == 0 ? 4 : 2, p = j->prefix_row ? j->prefix_row[first] : -1;
+    const char *q = (const char *)j->q + first * j->q_stride * size;
+    char *out = (char *)j->out + (int64_t)first * j->H * j->D * size;
+    const float *prefix_out = p >= 0 ? j->prefix_out + p * j->H * j->D : NULL, *prefix_lse = p >= 0 ? j->prefix_lse + p * j->H : NULL;
+    const int64_t start = j->starts ? j->starts[first] : 0;
+#ifdef PC_ATTENTION_AMX
+    if (j->groups) {
+        const int n = j->groups[task / j->split + 1] - first;
+        return attend_amx((const uint16_t *)q, j->q_stride, j->k_cache, j->v_cache, (uint16_t *)out, prefix_out,
+                          prefix_lse, j->block_tables + (int64_t)(first + n - 1) * j->max_blocks, start,
+                          j->seq_lens[first], n, h0, h0 + per, j->H, j->Hkv, j->block_size, j->scale);
+    }
+#endif
+    return attend(q, j->k_cache, j->v_cache, out, prefix_out, prefix_lse, j->block_tables + (int64_t)first * j->max_blocks,
+                  start, j->seq_lens[first], h0, h0 + per, j->H, j->Hkv, j->D, j->block_size, j->scale, j->dtype);
+}
 
 static void attend_tasks(void *ctx, int part, int parts) {
     (void)part, (void)parts;
     struct job *j = ctx;
-    const int per = j->Hkv / j->split;
-    const int64_t size = j->dtype == 0 ? 4 : 2;
-    for (int task; (task = atomic_fetch_add(&j->next, 1)) < j->B * j->split;) {
-        const int b = task / j->split, h0 = (task % j->split) * per;
-        const int64_t p = j->prefix_row ? j->prefix_row[b] : -1;
-        if (attend((const char *)j->q + b * j->q_stride * size, j->k_cache, j->v_cache,
-                   (char *)j->out + b * j->H * j->D * size, p >= 0 ? j->prefix_out + p * j->H * j->D : NULL,
-                   p >= 0 ? j->prefix_lse + p * j->H : NULL, j->block_tables + (int64_t)b * j->max_blocks,
-                   j->starts ? j->starts[b] : 0, j->seq_lens[b], h0, h0 + per, j->H, j->Hkv, j->D, j->block_size,
-                   j->scale, j->dtype))
-            atomic_store(&j->failed, PC_NO_MEMORY);
-    }
+    for (int task; (task = atomic_fetch_add(&j->next, 1)) < j->tasks * j->split;)
+        if (attend_task(j, task)) atomic_store(&j->failed, PC_NO_MEMORY);
 }
+
+#ifdef PC_ATTENTION_AMX
+/* Whether row b attends with the row before it on AMX tiles: its next position (a prompt chunk's rows),
+ * the same blocks, the whole sequence from token 0 with nothing merged, and room in the tile's 16 rows. */
+static int joins(const struct job *j, int b, int first) {
+    const int64_t blocks = (j->seq_lens[b] + j->block_size - 1) / j->block_size;
+    return (b - first + 1) * (j->H / j->Hkv) <= 16 && j->seq_lens[b] == j->seq_lens[b - 1] + 1 &&
+           (!j->starts || (j->starts[b] == 0 && j->starts[first] == 0)) &&
+           (!j->prefix_row || (j->prefix_row[b] < 0 && j->prefix_row[first] < 0)) &&
+           !memcmp(j->block_tables + (int64_t)b * j->max_blocks, j->block_tables + (int64_t)(b - 1) * j->max_blocks,
+                   sizeof(int64_t) * blocks);
+}
+#endif
 
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache, const void *v_cache, void *out,
                            const int64_t *block_tables, const int64_t *seq_lens, const int64_t *starts,
@@ -343,9 +349,23 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
 #endif
     if (dtype == 2 && (D % 16 || block_size % 16)) return PC_BAD_SHAPE;
     struct job j = {q, k_cache, v_cache, out, block_tables, seq_lens, starts, prefix_row, prefix_out, prefix_lse,
-                    q_stride, B, H, Hkv, D, block_size, max_blocks, dtype,
-                    /* Enough sequences: one task each, all heads (contiguous reads). Few: split by kv head too. */
-                    B >= 2 * threads ? 1 : Hkv, scale, 0, 0};
+                    q_stride, B, H, Hkv, D, block_size, max_blocks, dtype, 1, scale, NULL, B, 0, 0};
+    int *groups = NULL;
+#ifdef PC_ATTENTION_AMX
+    static int amx_lent = -1; /* asked once; the answer is the same for every thread */
+    if (amx_lent < 0) amx_lent = amx_bf16_tiles();
+    if (amx_lent && dtype == 1 && D == 64 && block_size % 16 == 0 && H / Hkv <= 16) {
+        if (!(groups = malloc(sizeof(int) * (B + 1)))) return PC_NO_MEMORY;
+        j.tasks = 0;
+        for (int b = 0; b < B; b++)
+            if (b == 0 || !joins(&j, b, groups[j.tasks - 1])) groups[j.tasks++] = b;
+        groups[j.tasks] = B;
+        j.groups = groups;
+    }
+#endif
+    /* Enough tasks: one each, all heads (contiguous reads). Few: split by kv head too. */
+    j.split = j.tasks >= 2 * threads ? 1 : Hkv;
     pool_run(threads, attend_tasks, &j);
+    free(groups);
     return atomic_load(&j.failed);
 }

@@ -166,7 +166,8 @@ static int attend_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cac
     const int64_t L = len0 + n - 1 - start, Lp = (L + 31) / 32 * 32;
     table += start / block_size;
     const int G = H / Hkv, rows = n * G; /* a kv head's query rows: (position, head) */
-    float *scores = malloc(sizeof(float) * ((size_t)rows * L + (size_t)rows * 64) + sizeof(uint16_t) * rows * (Lp + 64));
+    /* scores [rows, L], acc [rows, 64], probabilities [rows, Lp] and the query rows [rows, 64] in bf16 */
+    float *scores = malloc(sizeof(float) * (size_t)rows * (L + 64) + sizeof(uint16_t) * rows * (Lp + 64));
     if (!scores) return PC_NO_MEMORY;
     float *acc = scores + (size_t)rows * L;
     uint16_t *probs = (uint16_t *)(acc + rows * 64), *qt = probs + (size_t)rows * Lp;
@@ -190,7 +191,8 @@ static int attend_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cac
             if (prefix_out) { /* out = (own * sum_own + prefix * sum_prefix) / (sum_own + sum_prefix) */
                 const float lse_own = maxes[r] + logf(sums[r]), lse_pre = prefix_lse[g];
                 const float top = lse_own > lse_pre ? lse_own : lse_pre;
-                const float w_own = exp_f32(lse_own - top), w_pre = exp_f32(lse_pre - top), norm = 1.f / (w_own + w_pre);
+                const float w_own = exp_f32(lse_own - top), w_pre = exp_f32(lse_pre - top);
+                const float norm = 1.f / (w_own + w_pre);
                 for (int d = 0; d < 64; d++) ar[d] = (ar[d] * inv * w_own + prefix_out[g * 64 + d] * w_pre) * norm;
                 inv = 1.f;
             }

@@ -300,23 +300,25 @@ struct job {
 };
 
 static int attend_task(const struct job *j, int task) {
-    const int per = j->Hkv / j->split, h0 = (task % j->split) * per, first = j->groups ? j->groups[task / j->split]
-                                                                                     : task / j->split;
+    const int per = j->Hkv / j->split, h0 = (task % j->split) * per, group = task / j->split;
+    const int first = j->groups ? j->groups[group] : group;
     const int64_t size = j->dtype == 0 ? 4 : 2, p = j->prefix_row ? j->prefix_row[first] : -1;
     const char *q = (const char *)j->q + first * j->q_stride * size;
     char *out = (char *)j->out + (int64_t)first * j->H * j->D * size;
-    const float *prefix_out = p >= 0 ? j->prefix_out + p * j->H * j->D : NULL, *prefix_lse = p >= 0 ? j->prefix_lse + p * j->H : NULL;
+    const float *prefix_out = p >= 0 ? j->prefix_out + p * j->H * j->D : NULL;
+    const float *prefix_lse = p >= 0 ? j->prefix_lse + p * j->H : NULL;
     const int64_t start = j->starts ? j->starts[first] : 0;
 #ifdef PC_ATTENTION_AMX
     if (j->groups) {
-        const int n = j->groups[task / j->split + 1] - first;
+        const int n = j->groups[group + 1] - first;
         return attend_amx((const uint16_t *)q, j->q_stride, j->k_cache, j->v_cache, (uint16_t *)out, prefix_out,
                           prefix_lse, j->block_tables + (int64_t)(first + n - 1) * j->max_blocks, start,
                           j->seq_lens[first], n, h0, h0 + per, j->H, j->Hkv, j->block_size, j->scale);
     }
 #endif
-    return attend(q, j->k_cache, j->v_cache, out, prefix_out, prefix_lse, j->block_tables + (int64_t)first * j->max_blocks,
-                  start, j->seq_lens[first], h0, h0 + per, j->H, j->Hkv, j->D, j->block_size, j->scale, j->dtype);
+    return attend(q, j->k_cache, j->v_cache, out, prefix_out, prefix_lse,
+                  j->block_tables + (int64_t)first * j->max_blocks, start, j->seq_lens[first], h0, h0 + per, j->H,
+                  j->Hkv, j->D, j->block_size, j->scale, j->dtype);
 }
 
 static void attend_tasks(void *ctx, int part, int parts) {

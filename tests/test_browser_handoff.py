@@ -201,7 +201,16 @@ def test_a_waiting_chat_is_still_waiting_after_kill_9_and_an_agent_answers_it(ti
         proc.wait(30)
         proc, url = start_process(argv, port=urlparse(url).port)
 
-        customer.reload()  # the logins lived in the killed process: the page asks again
+        # the logins lived in the killed process: the page, opened again, asks again. Chromium may be swapping
+        # the page to its error page for the dead server at this moment ("not attached"): then once more
+        from playwright.sync_api import Error as PageError
+        for attempt in range(3):
+            try:
+                customer.goto(f"{url}/chat/support/")
+                break
+            except PageError:
+                if attempt == 2:
+                    raise
         customer.locator("input[type=password]").wait_for()
         customer.locator("input:not([type=password])").first.fill("cara")
         customer.locator("input[type=password]").fill("pw-c")

@@ -188,12 +188,8 @@ static int attend_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cac
         for (int r = 0; r < rows; r++) {
             const int g = h * G + r % G;
             float *ar = acc + r * 64, inv = 1.f / sums[r];
-            if (prefix_out) { /* out = (own * sum_own + prefix * sum_prefix) / (sum_own + sum_prefix) */
-                const float lse_own = maxes[r] + logf(sums[r]), lse_pre = prefix_lse[g];
-                const float top = lse_own > lse_pre ? lse_own : lse_pre;
-                const float w_own = exp_f32(lse_own - top), w_pre = exp_f32(lse_pre - top);
-                const float norm = 1.f / (w_own + w_pre);
-                for (int d = 0; d < 64; d++) ar[d] = (ar[d] * inv * w_own + prefix_out[g * 64 + d] * w_pre) * norm;
+            if (prefix_out) {
+                merge_prefix(ar, sums[r], maxes[r], prefix_out + g * 64, prefix_lse[g], 64);
                 inv = 1.f;
             }
             uint16_t *o = out + (int64_t)(r / G) * H * 64 + g * 64;

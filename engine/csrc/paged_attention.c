@@ -35,6 +35,16 @@
 #include "exp.h"
 #include "pool.h"
 
+/* A row's own attention, acc (D sums, unnormalised; its softmax's sum and maximum), merged exactly with
+ * the shared prefix's partial (normalised, and the log of its denominator): acc becomes the result,
+ * (own * sum_own + prefix * sum_prefix) / (sum_own + sum_prefix). */
+static void merge_prefix(float *acc, float sum, float max, const float *prefix, float lse_pre, int D) {
+    const float lse_own = max + logf(sum), inv = 1.f / sum;
+    const float top = lse_own > lse_pre ? lse_own : lse_pre;
+    const float w_own = exp_f32(lse_own - top), w_pre = exp_f32(lse_pre - top), norm = 1.f / (w_own + w_pre);
+    for (int d = 0; d < D; d++) acc[d] = (acc[d] * inv * w_own + prefix[d] * w_pre) * norm;
+}
+
 #ifdef PC_AVX512_BF16
 #include <immintrin.h>
 #include "attention_amx.h"
@@ -271,12 +281,8 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     for (int r = 0; r < R; r++) {
         int64_t o = (int64_t)(h0 * G + r) * D;
         float *ar = acc + r * D, inv = 1.f / sums[r];
-        if (prefix_out) { /* out = (own * sum_own + prefix * sum_prefix) / (sum_own + sum_prefix) */
-            const float lse_own = maxes[r] + logf(sums[r]), lse_pre = prefix_lse[h0 * G + r];
-            const float top = lse_own > lse_pre ? lse_own : lse_pre;
-            const float w_own = exp_f32(lse_own - top), w_pre = exp_f32(lse_pre - top), norm = 1.f / (w_own + w_pre);
-            const float *pr = prefix_out + (h0 * G + r) * D;
-            for (int d = 0; d < D; d++) ar[d] = (ar[d] * inv * w_own + pr[d] * w_pre) * norm;
+        if (prefix_out) {
+            merge_prefix(ar, sums[r], maxes[r], prefix_out + (h0 * G + r) * D, prefix_lse[h0 * G + r], D);
             inv = 1.f;
         }
         if (dtype == 0) for (int d = 0; d < D; d++) ((float *)out)[o + d] = ar[d] * inv;

@@ -1,11 +1,14 @@
 """Paged attention (decode rows and prefill chunks): our C kernel and the torch path (the one CUDA
 uses) against a plain softmax(QK^T)V over each sequence's contiguous K/V; the other C kernels against
 the torch ops they replace."""
+import shutil
+
 import pytest
 import torch
 
 from engine import cpu_kernels
 from engine.attention import AttentionMetadata, PagedAttention
+from engine.config import cpu_flags, knobs
 from engine.kv_layout import key_pairs, key_rows
 
 
@@ -55,6 +58,17 @@ def test_paged_decode_matches_reference(dtype, tol, block_size, path, D, H, Hkv,
         values = attn.v_cache.view(-1, Hkv, D)[slots]
         ref = reference(q[i], keys, values, D ** -0.5)
         assert (out[i].double() - ref).abs().max().item() < tol * max(1.0, ref.abs().max().item())
+
+
+def test_the_kernels_build_wherever_a_c_compiler_is_found():
+    """A compile error must fail the suite: else every kernel test skips, the engine falls back to torch, and
+    the run is green and several times slower. The build's paths follow the CPU's flags."""
+    if knobs().no_kernels or shutil.which(knobs().cc) is None:
+        pytest.skip("no C compiler, or PAGEDCHAT_NO_KERNELS")
+    assert cpu_kernels.available(), "the C kernels did not build: see the pagedchat.kernels warning"
+    flags = cpu_flags()
+    assert cpu_kernels.has("quant_f32") == ({"avx2", "fma"} <= flags)
+    assert cpu_kernels.has("quant_bf16") == ({"avx512_bf16", "avx512_vnni"} <= flags)
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")

@@ -32,6 +32,7 @@ class ToolCallParser:
 
     def __init__(self) -> None:
         self.calls: list[ToolCall] = []  # complete calls
+        self.cut: ToolCall | None = None  # at finish(): a call the reply's end cut short (max_tokens)
         self.content = ""
         self._buffer = ""
         self._state = "text"  # text -> head -> args -> tail -> between -> head ...
@@ -46,7 +47,11 @@ class ToolCallParser:
         return out
 
     def finish(self) -> list[dict]:
-        """At the end of the reply: held-back text was content after all (an unfinished call is dropped)."""
+        """At the end of the reply: held-back text was content after all. A call cut short after its name
+        is kept in `cut`, its arguments as far as they were written (and streamed): OpenAI's reply to a
+        call cut by max_tokens. One cut inside its name has streamed nothing and is dropped."""
+        if self._state in ("args", "tail"):
+            self.cut = self._call
         if self._state == "text" and self._buffer.strip():
             piece, self._buffer = self._buffer.rstrip(), ""
             return self._content(piece)
@@ -133,8 +138,8 @@ class ToolCallParser:
 
 
 def parse_reply(text: str) -> tuple[str | None, list[ToolCall]]:
-    """A whole reply -> (content or None, complete calls)."""
+    """A whole reply -> (content or None, its calls: the complete ones, then one cut short if any)."""
     parser = ToolCallParser()
     parser.feed(text)
     parser.finish()
-    return (parser.content.strip() or None), parser.calls
+    return (parser.content.strip() or None), parser.calls + ([parser.cut] if parser.cut else [])

@@ -123,9 +123,12 @@ def test_a_reply_reads_the_same_streamed_piece_by_piece_or_whole(text):
             streamed_args[c["index"]] = streamed_args.get(c["index"], "") + c["function"]["arguments"]
     assert "".join(d.get("content", "") for d in deltas).strip() == (content or "")
     assert OPEN not in (content or "") and "order_id" not in (content or "")
+    # every streamed call (a cut one too, its arguments as far as written) is in the whole reply's
+    assert sorted(streamed_args) == list(range(len(calls)))
     assert [streamed_args[i] for i in range(len(calls))] == [c.arguments for c in calls]
-    for call in calls:
+    for call in parser.calls:
         json.loads(call.arguments)
+    assert (parser.cut is not None) == text.endswith("NW2048")
 
 
 def test_generic_format_puts_tools_in_the_system_message_and_results_in_user_turns(smol_tokenizer):
@@ -179,6 +182,26 @@ def test_streamed_calls_arrive_head_first_then_argument_fragments(scripted):
     assert json.loads(args[0]) == {"order_id": "NW20481377"} and json.loads(args[1]) == {"reason": "wants a person"}
     assert not any(d.get("content") for d in deltas)
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_call_cut_by_max_tokens_comes_back_the_same_whole_or_streamed(scripted):
+    """As OpenAI's: the call stays, its arguments as far as they were written, finish_reason "length"
+    (it was dropped from the whole reply while its pieces had already been streamed)."""
+    fake, http = scripted(CALL)
+    cut_at = len(fake.info.tokenizer.encode(CALL, add_special_tokens=False)) - 4
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": "required",
+            "max_tokens": cut_at}
+    choice = http.post("/v1/chat/completions", json=body).json()["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "lookup_order"
+    written = call["function"]["arguments"]
+    assert written and json.dumps({"order_id": "NW20481377"}).startswith(written)
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    streamed = [c for e in events for c in e["choices"][0]["delta"].get("tool_calls", [])]
+    assert "".join(c["function"]["arguments"] for c in streamed) == call["function"]["arguments"]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_the_openai_client_reads_streamed_calls(scripted):

@@ -3,6 +3,7 @@ or frame it as server-sent events in the endpoint's chunk shape."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -38,8 +39,10 @@ async def collect(stream: AsyncIterator, request: Request):
     while not task.done():
         done, _ = await asyncio.wait({task}, timeout=0.5)
         if not done and await request.is_disconnected():
-            task.cancel()
-            await stream.aclose()
+            task.cancel()  # the stream, cancelled where it waits, aborts the request
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await stream.aclose()  # (closed already, unless it had not started)
             raise APIError(499, "client disconnected", "client_closed_request")
     return task.result()
 

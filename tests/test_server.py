@@ -1,7 +1,9 @@
 """The OpenAI-compatible server end to end, with the official `openai` client."""
 import concurrent.futures
-import os
 import json
+import logging
+import os
+import socket
 
 import httpx
 import openai
@@ -103,6 +105,29 @@ def test_disconnect_mid_stream_aborts_and_frees_blocks(live):
             assert used_blocks(live) > idle
     wait_for(lambda: used_blocks(live) == idle, 30, "the aborted request's blocks to be freed")
     live.llm.run_on_engine_thread(lambda e: e.check_integrity())
+
+
+def test_a_client_leaving_a_whole_reply_aborts_it_cleanly(live):
+    """Not streamed: the client hangs up while the reply is being made. The request is aborted, its blocks
+    freed, and the server logs no exception (closing the engine's stream while the cancelled task still
+    ran in it raised "aclose(): asynchronous generator is already running" out of the handler)."""
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        idle = used_blocks(live)
+        body = json.dumps({"model": "SmolLM2-135M-Instruct", "messages": QUESTION, "max_tokens": 1500,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        with socket.create_connection(("127.0.0.1", live.port)) as conn:
+            conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            wait_for(lambda: used_blocks(live) > idle, 60, "the request to start")
+        wait_for(lambda: used_blocks(live) == idle, 30, "the abandoned request's blocks to be freed")
+        live.llm.run_on_engine_thread(lambda e: e.check_integrity())
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert not errors, [r.getMessage() for r in errors]
 
 
 def test_metrics_exist_from_the_start_and_move(live, client):

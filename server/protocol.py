@@ -8,7 +8,7 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.errors import ParameterError
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -16,8 +16,18 @@ from engine.tools import ToolPlan, parse_tools
 
 
 class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
+    """A content part. Only text is read: another kind (image_url, input_audio, file) is refused by name."""
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> TextPart:
+        if self.type != "text":
+            raise ValueError(f"this model reads text only; a content part of type {self.type!r} cannot be read")
+        if self.text is None:
+            raise ValueError("a text part needs its text")
+        return self
 
 
 class ChatMessage(BaseModel):
@@ -185,6 +195,27 @@ class ChatCompletionRequest(SamplingFields):
     tools: list | None = None
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
+    # vLLM's chat-template switches: continue the last (assistant) message instead of opening a new one
+    # (a prefill: "Your order NW"), and the template's own keyword arguments.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+
+    def template_options(self) -> dict:
+        """The chat template's keyword arguments for this request (ParameterError where they conflict)."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ParameterError("continue_final_message needs add_generation_prompt: false (a reply either "
+                                 "continues the last message or opens a new one).", "continue_final_message")
+        if self.continue_final_message and self.messages[-1].role != "assistant":
+            raise ParameterError("continue_final_message continues the last message, which must be the "
+                                 "assistant's.", "continue_final_message")
+        kwargs = self.chat_template_kwargs or {}
+        taken = sorted(set(kwargs) & {"add_generation_prompt", "continue_final_message", "tools", "messages",
+                                       "conversation", "tokenize", "documents"})
+        if taken:
+            raise ParameterError(f"chat_template_kwargs may not set {', '.join(taken)}.", "chat_template_kwargs")
+        return {**kwargs, "add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message}
 
     @functools.cached_property
     def tool_plan(self) -> ToolPlan | None:

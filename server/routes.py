@@ -210,9 +210,10 @@ async def unknown_api_route(request: Request):
 
 # ---- helpers ------------------------------------------------------------------------------
 def render_chat(info: ModelInfo, body) -> list[int]:
-    plan = body.tool_plan if isinstance(body, ChatCompletionRequest) else None
+    chat = isinstance(body, ChatCompletionRequest)
+    plan, options = (body.tool_plan, body.template_options()) if chat else (None, {})
     try:
-        return render(info.tokenizer, [m.as_dict() for m in body.messages], plan)
+        return render(info.tokenizer, [m.as_dict() for m in body.messages], plan, **options)
     except ParameterError:
         raise
     except Exception as e:  # noqa: BLE001 - the template's own complaint is the clearest message

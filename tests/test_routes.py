@@ -41,6 +41,36 @@ def test_chat_completion_renders_the_template_and_reports_usage(fake, http, smol
     assert body["usage"]["completion_tokens"] == len(fake.reply_ids)
 
 
+def test_a_reply_may_continue_the_last_assistant_message(fake, http, smol_tokenizer):
+    """vLLM's continue_final_message: the prompt ends inside the assistant's message (a prefill), no end of
+    turn and no new turn after it; the template's own switches come through chat_template_kwargs."""
+    prefill = HELLO + [{"role": "assistant", "content": "Your order NW"}]
+    r = http.post("/v1/chat/completions", json={"messages": prefill, "continue_final_message": True,
+                                                "add_generation_prompt": False})
+    assert r.status_code == 200, r.text
+    text = smol_tokenizer.decode(fake.requests[-1]["prompt"])
+    assert text.endswith("<|im_start|>assistant\nYour order NW"), text[-60:]
+    http.post("/v1/chat/completions", json={"messages": prefill})  # by default the message is closed, a turn opened
+    assert smol_tokenizer.decode(fake.requests[-1]["prompt"]).endswith("Your order NW<|im_end|>\n<|im_start|>assistant\n")
+    http.post("/v1/chat/completions", json={"messages": HELLO, "add_generation_prompt": False})
+    assert smol_tokenizer.decode(fake.requests[-1]["prompt"]).endswith("Where is my parcel?<|im_end|>\n")
+    for body, says in (({"messages": prefill, "continue_final_message": True}, "add_generation_prompt"),
+                       ({"messages": HELLO, "continue_final_message": True, "add_generation_prompt": False},
+                        "assistant's"),
+                       ({"messages": HELLO, "chat_template_kwargs": {"tokenize": True}}, "tokenize")):
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+
+
+def test_a_part_that_is_not_text_is_refused_by_name(http):
+    image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                          {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]
+    r = http.post("/v1/chat/completions", json={"messages": image})
+    assert r.status_code == 400 and "text only" in r.json()["error"]["message"] and "image_url" in r.text
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Where is "}, {"type": "text", "text": "it?"}]}]
+    assert http.post("/v1/chat/completions", json={"messages": parts}).status_code == 200
+
+
 def test_max_tokens_defaults_to_the_room_left(fake, http):
     http.post("/v1/completions", json={"prompt": [1, 2, 3]})
     assert fake.requests[-1]["params"].max_tokens == fake.info.max_model_len - 3

@@ -76,8 +76,8 @@ def _build() -> ctypes.CDLL | None:
         "pagedchat_features": (ctypes.c_int, []),
         "paged_decode_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 9 + [i32] * 6 + [f32, i32, i32]),
         "prefix_attention": (ctypes.c_int, [ptr, i64] + [ptr] * 4 + [i32] * 4 + [i64, f32, i32]),
-        "kv_store": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
-        "kv_store_int8": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
+        "kv_store": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 5),
+        "kv_store_int8": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 5),
         "rms_norm": (None, [ptr] * 4 + [i64, i32, f32, i32, i32]),
         "rotary_neox": (None, [ptr] * 2 + [i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
@@ -193,7 +193,7 @@ def kv_store(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     """k, v [T, Hkv, D] (rows strided, heads contiguous) into their slots (paged_decode_attention's layouts)."""
     T, Hkv, D = k.shape
     _lib.kv_store(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                  slots.data_ptr(), T, Hkv, D, v_cache.shape[1], _dtype_code(k))
+                  slots.data_ptr(), T, Hkv, D, v_cache.shape[1], _dtype_code(k), _threads)
 
 
 def kv_store_int8(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, slots: torch.Tensor,
@@ -202,7 +202,7 @@ def kv_store_int8(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool
     to int8 with its own scale; k, v fp32 or bf16, head_dim <= 512."""
     T, Hkv, D = k.shape
     _lib.kv_store_int8(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_pool.data_ptr(), v_pool.data_ptr(),
-                       slots.data_ptr(), T, Hkv, D, block_size, _dtype_code(k))
+                       slots.data_ptr(), T, Hkv, D, block_size, _dtype_code(k), _threads)
 
 
 def heads_contiguous(x: torch.Tensor) -> bool:

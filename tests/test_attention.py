@@ -112,9 +112,11 @@ def test_kv_store_writes_the_slots_index_copy_would(dtype, path, monkeypatch):
     gen = torch.Generator().manual_seed(1)
     attn = PagedAttention(9, 3, 64, 0.125)
     attn.k_cache, attn.v_cache = torch.zeros(6, 3, 32, 16, 2, dtype=dtype), torch.zeros(6, 16, 3, 64, dtype=dtype)
-    qkv = torch.randn(5, 15 * 64, generator=gen).to(dtype)
-    k, v = qkv[:, 9 * 64:12 * 64].view(5, 3, 64), qkv[:, 12 * 64:].view(5, 3, 64)  # strided views
-    slots = torch.tensor([17, 3, 95, 40, 41])
+    # enough tokens for the kernel to split them over its threads, neighbours in one block among them
+    slots = torch.tensor([17, 3, 95, 40, 41] + list(range(48, 60)) + [7, 90, 33])
+    T = len(slots)
+    qkv = torch.randn(T, 15 * 64, generator=gen).to(dtype)
+    k, v = qkv[:, 9 * 64:12 * 64].view(T, 3, 64), qkv[:, 12 * 64:].view(T, 3, 64)  # strided views
     attn._store(k, v, slots)
     assert bool(calls) == (path == "kernel")  # the C path reads the strided views in place
     expected_k, expected_v = torch.zeros(96, 3, 64, dtype=dtype), torch.zeros(96, 3, 64, dtype=dtype)

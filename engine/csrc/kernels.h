@@ -18,9 +18,9 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            int H, int Hkv, int D, int block_size, int max_blocks, float scale, int dtype,
                            int threads);
 void kv_store(const void *k, int64_t k_stride, const void *v, int64_t v_stride, void *k_cache, void *v_cache,
-              const int64_t *slots, int64_t T, int Hkv, int D, int block_size, int dtype);
+              const int64_t *slots, int64_t T, int Hkv, int D, int block_size, int dtype, int threads);
 void kv_store_int8(const void *k, int64_t k_stride, const void *v, int64_t v_stride, void *k_pool, void *v_pool,
-                   const int64_t *slots, int64_t T, int Hkv, int D, int block_size, int dtype);
+                   const int64_t *slots, int64_t T, int Hkv, int D, int block_size, int dtype, int threads);
 int prefix_attention(const void *q, int64_t q_stride, const void *kt, const void *vp, float *out, float *lse,
                      int S, int H, int Hkv, int D, int64_t P, float scale, int threads);
 void rms_norm(const void *x, void *residual, const void *weight, void *out, int64_t rows, int n, float eps,

@@ -82,9 +82,12 @@ def test_auto_never_leaks_call_text_into_content(client):
                 for chunk in chunks:
                     content += chunk.choices[0].delta.content or "" if chunk.choices else ""
             else:
-                message = client.chat.completions.create(**kwargs).choices[0].message
-                content = message.content or ""
-                for call in message.tool_calls or []:
+                reply = client.chat.completions.create(**kwargs).choices[0]
+                content, calls = reply.message.content or "", reply.message.tool_calls or []
+                if reply.finish_reason == "length" and calls:  # max_tokens may cut the last call: kept as written
+                    assert calls[-1].function.name in SCHEMAS
+                    calls = calls[:-1]
+                for call in calls:
                     valid(call.function.name, call.function.arguments)
             assert "<tool_call" not in content and '"arguments"' not in content
 

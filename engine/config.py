@@ -80,9 +80,10 @@ class EngineConfig:
     seed: int = setting(0)
     num_threads: int | None = setting(None, "torch and C kernel threads (default: one per available core)",
                                       flag="--threads")
-    # packed linears (4-bit, the 8-bit LM head) take bf16 rows as int8 per 32 inputs (llama.cpp's Q8
-    # activations; AVX-512 VNNI, 1.2-1.7x the bf16 kernel at 8-64 rows); False: bf16 products
-    int8_activations: bool = setting(True, "packed 4-/8-bit linears multiply bf16 rows as they are, not rounded "
+    # packed linears (4-bit, the 8-bit LM head) take rows as int8 per 32 inputs (llama.cpp's Q8
+    # activations; bf16 rows on AVX-512 VNNI, 1.2-1.7x the bf16 kernel at 8-64 rows; fp32 rows on AVX2,
+    # engine/csrc/quant_int8_rows_f32.c); False: products in the model's dtype
+    int8_activations: bool = setting(True, "packed 4-/8-bit linears multiply rows as they are, not rounded "
                                      "to int8 per 32 inputs", flag="--no-int8-activations")
     # Weights with int8 rows stream every row through the integer kernels and keep no dense copy (the
     # resident weights about the file's size); on a CPU with AMX a bf16 copy makes long prompts faster

@@ -20,7 +20,8 @@ log = logging.getLogger("pagedchat.kernels")
 
 _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "rms_norm.c", "silu_and_mul.c", "rotary.c",
-                                                      "quant_matmul.c", "quant_matmul_f32.c", "argmax.c",
+                                                      "quant_matmul.c", "quant_matmul_f32.c", "quant_int8_rows_f32.c",
+                                                      "argmax.c",
                                                       "prefix_attention.c", "pool.c", "features.c", "kv_store.c")]
 # part of the build's cache key, not compiled alone
 _HEADERS = [os.path.join(_CSRC, name) for name in ("attention_amx.h", "attention_f32.h", "attention_int8.h",
@@ -85,6 +86,7 @@ def _build() -> ctypes.CDLL | None:
         "amx_tiles_computed": (i64, []),
         "int4_matmul": matmul4, "int4_matmul_bf16_tiles": matmul4, "int4_matmul_i8": matmul4_i8, "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4_i8,
         "int8_matmul": matmul8, "int8_matmul_i8": matmul8_i8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul4_i8,
+        "int4_matmul_f32_i8": matmul4, "int8_matmul_f32_i8": matmul8,
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -288,10 +290,12 @@ def _packed_call(fn, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
 def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int,
                 int8_rows: bool = False, amx: bool = False) -> torch.Tensor:
     """x [M, K] @ the packed 4-bit weight^T -> [M, N] in x's dtype, bfloat16 or float32, which picks
-    the kernel: pack for it (quant/packing.py's int4_pack). `int8_rows`: bf16 rows rounded to int8 per 32
-    inputs (the same packed bytes); `amx`: their whole tiles of 16 rows on AMX (same results,
-    has("amx_tiles"))."""
-    if int8_rows and x.dtype == torch.bfloat16:
+    the kernel: pack for it (quant/packing.py's int4_pack, with the same `int8_rows`). `int8_rows`: rows
+    rounded to int8 per 32 inputs (K % 32 == 0; bf16 on AVX-512 VNNI, fp32 on AVX2); `amx`: bf16 rows'
+    whole tiles of 16 rows on AMX (same results, has("amx_tiles"))."""
+    if int8_rows:
+        if x.dtype == torch.float32:
+            return _packed_call(_lib.int4_matmul_f32_i8, x, packed, scales, group_size, _threads)
         return _packed_call(_lib.int4_matmul_i8, x, packed, scales, group_size, _threads, amx)
     fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul
     return _packed_call(fn, x, packed, scales, group_size, _threads)
@@ -319,7 +323,9 @@ def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int
     """x [M, K] @ the packed int8 weight^T * scales (fp32 [N]) -> [M, N] in x's dtype, bfloat16 or
     float32, which picks the kernel: pack for it (int8_pack, with the same `int8_rows`); `amx` as
     int4_matmul's."""
-    if int8_rows and x.dtype == torch.bfloat16:
+    if int8_rows:
+        if x.dtype == torch.float32:
+            return _packed_call(_lib.int8_matmul_f32_i8, x, packed, scales, _threads)
         return _packed_call(_lib.int8_matmul_i8, x, packed, scales, _threads, amx)
     fn = _lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul
     return _packed_call(fn, x, packed, scales, _threads)

@@ -62,13 +62,11 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
     blocks, widened in registers or from a strip), against the dequantized weight in fp64 (scales
     as the kernel keeps them); and each row's result is bit-identical whatever the batch. bf16 rows
     as int8 per 32 inputs: within the rounding's own bound, and not equal to the bf16 kernel's
-    (the int8 kernel really ran)."""
-    if int8 and dtype != torch.bfloat16:
-        pytest.skip("int8 activations are for bf16 rows")
+    (the int8 kernel really ran); fp32 rows likewise (AVX2's vpmaddubsw)."""
     g = torch.Generator().manual_seed(n + group)
     K = 256
     q, scales, zeros = quantize_int4(torch.randn(n, K, generator=g), group)
-    packed, sz = packing.int4_pack(q, scales, zeros, dtype)
+    packed, sz = packing.int4_pack(q, scales, zeros, dtype, int8)
     gidx = torch.arange(K) // group
     kept = scales.to(dtype).double(), zeros.to(dtype).double()
     deq = (q.double() - 8) * kept[0][gidx].T + kept[1][gidx].T
@@ -84,7 +82,9 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
         assert ((y.double() - ref).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max() + slack).all(), m
         assert torch.equal(y, alone[:m])
     if int8:
-        assert not torch.equal(alone, cpu_kernels.int4_matmul(x, packed, sz, group))
+        as_is = cpu_kernels.int4_matmul(x, *packing.int4_pack(q, scales, zeros, dtype), group)
+        assert ((as_is.double() - x.double() @ deq.T).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max()).all()
+        assert not torch.equal(alone, as_is)
 
 
 @pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
@@ -92,8 +92,8 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
 @pytest.mark.parametrize("int8", [False, True], ids=["as-is", "int8-rows"])
 @pytest.mark.parametrize("n", [48, 80])
 def test_our_int8_kernel_against_fp64_and_batch_invariant(dtype, int8, n):
-    if int8 and dtype != torch.bfloat16:
-        pytest.skip("int8 activations are for bf16 rows")
+    """As the 4-bit test; the extremes of int8 (-128 too: AVX2's kernel multiplies its magnitude by the
+    row's bytes with its sign, and 128 * 127 twice still fits a 16-bit word)."""
     g = torch.Generator().manual_seed(n)
     K = 192
     q, scales = quantize_int8(torch.randn(n, K, generator=g))
@@ -136,13 +136,19 @@ def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent
         assert sum(callers.map(wrong_results, range(4))) == 0
 
 
-@pytest.mark.skipif(torch.bfloat16 not in cpu_kernels.quant_matmul_dtypes(), reason="no AVX-512 BF16 and VNNI")
-def test_the_engine_setting_picks_the_kernel_for_decode_rows(tiny_model, monkeypatch):
-    """int8_activations (default on) sends a bf16 model's decode rows, and a small step's prompt rows,
-    to the int8-row kernel; off, decode rows to the bf16 one; the greedy tokens agree at first."""
+# The 4-bit kernels by the model's dtype: (rows as they are, rows rounded to int8).
+INT4_KERNELS = {torch.bfloat16: ("int4_matmul", "int4_matmul_i8"), torch.float32: ("int4_matmul_f32", "int4_matmul_f32_i8")}
+
+
+@pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
+@pytest.mark.parametrize("dtype", OUR_KERNELS)
+def test_the_engine_setting_picks_the_kernel_for_decode_rows(dtype, tiny_model, monkeypatch):
+    """int8_activations (default on) sends a model's decode rows, and a small step's prompt rows, to the
+    int8-row kernel (bf16 models on AVX-512 VNNI, fp32 ones on AVX2); off, decode rows to the kernel that
+    takes them as they are; the greedy tokens agree at first."""
     path, _ = tiny_model("qwen2")
     calls = []  # (kernel, rows)
-    for name in ("int4_matmul", "int4_matmul_i8"):
+    for name in INT4_KERNELS[dtype]:
         fn = getattr(cpu_kernels._lib, name)
         spy = lambda *a, fn=fn, name=name: calls.append((name, a[4])) or fn(*a)  # noqa: E731
         monkeypatch.setattr(cpu_kernels._lib, name, spy)
@@ -151,16 +157,17 @@ def test_the_engine_setting_picks_the_kernel_for_decode_rows(tiny_model, monkeyp
     for on in (False, True):
         calls.clear()
         options = {} if on else {"int8_activations": False}
-        llm = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=32, **options)
+        llm = LLM(path, dtype=str(dtype)[6:], quantization="int4", num_kv_blocks=32, **options)
         tokens[on] = llm.generate([[5, 6, 7, 8]], params)[0].outputs[0].token_ids
-        assert {name for name, _ in calls} == {"int4_matmul_i8" if on else "int4_matmul"}
+        assert {name for name, _ in calls} == {INT4_KERNELS[dtype][on]}
         assert (4 in {rows for _, rows in calls}) == on  # the prompt's 4 rows: packed with int8 rows only
         assert llm.engine.quantization_shown == ("int4, int8 rows" if on else "int4")  # what the panel shows
     assert tokens[True][:2] == tokens[False][:2]
 
 
-@pytest.mark.skipif(torch.bfloat16 not in cpu_kernels.quant_matmul_dtypes(), reason="no AVX-512 BF16 and VNNI")
-def test_int8_rows_take_every_row_so_chunking_leaves_greedy_unchanged(tiny_model, monkeypatch):
+@pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
+@pytest.mark.parametrize("dtype", OUR_KERNELS)
+def test_int8_rows_take_every_row_so_chunking_leaves_greedy_unchanged(dtype, tiny_model, monkeypatch):
     """4-bit layers with int8 rows keep no dense copy (even with AMX, its flag faked, unless
     dense_prompt_weights asks) and take all 450 rows of a prompt run in one step, so its greedy tokens
     equal those of the same prompt in chunks of 64; with AMX and dense_prompt_weights they keep the
@@ -170,21 +177,22 @@ def test_int8_rows_take_every_row_so_chunking_leaves_greedy_unchanged(tiny_model
 
     monkeypatch.setattr(methods, "cpu_flags", lambda: frozenset({"amx_bf16"}))
     rows = []
-    fn = cpu_kernels._lib.int4_matmul_i8
-    monkeypatch.setattr(cpu_kernels._lib, "int4_matmul_i8", lambda *a: rows.append(a[4]) or fn(*a))
+    name = INT4_KERNELS[dtype][True]
+    fn = getattr(cpu_kernels._lib, name)
+    monkeypatch.setattr(cpu_kernels._lib, name, lambda *a: rows.append(a[4]) or fn(*a))
     prompt = [[(37 * i) % 400 + 20 for i in range(450)]]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     tokens = {}
     for budget in (1024, 64):
-        llm = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64, max_num_batched_tokens=budget)
+        llm = LLM(path, dtype=str(dtype)[6:], quantization="int4", num_kv_blocks=64, max_num_batched_tokens=budget)
         assert llm.engine.model.model.layers[0].mlp.down_proj.kernel.dense is None
         tokens[budget] = llm.generate(prompt, params)[0].outputs[0].token_ids
     assert 450 in rows and max(rows) == 450  # the whole prompt in one step, through the packed kernel
     assert tokens[1024] == tokens[64]
-    amx = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64, dense_prompt_weights=True)
+    amx = LLM(path, dtype=str(dtype)[6:], quantization="int4", num_kv_blocks=64, dense_prompt_weights=True)
     assert amx.engine.model.model.layers[0].mlp.down_proj.kernel.dense is not None
     monkeypatch.setattr(methods, "cpu_flags", lambda: frozenset())
-    plain = LLM(path, dtype="bfloat16", quantization="int4", num_kv_blocks=64, dense_prompt_weights=True)
+    plain = LLM(path, dtype=str(dtype)[6:], quantization="int4", num_kv_blocks=64, dense_prompt_weights=True)
     assert plain.engine.model.model.layers[0].mlp.down_proj.kernel.dense is None
 
 
@@ -359,13 +367,20 @@ def test_quantization_that_does_not_apply_is_refused(tiny_model):
 
 @pytest.mark.skipif(torch.float32 not in cpu_kernels.quant_matmul_dtypes(), reason="no AVX2 with FMA")
 def test_fp32_models_keep_int4_packed_where_our_fp32_kernel_runs(tiny_model):
-    """On CPUs without fast bf16 the model runs in fp32: 4-bit weights still stay 4-bit."""
+    """On CPUs without fast bf16 the model runs in fp32: 4-bit weights still stay 4-bit; with int8 rows
+    (the default) they keep no fp32 dense copy and are never timed for AMX tiles (which read the bf16
+    kernels' layout), without them they keep one for prompt rows."""
+    from engine.quant.choose import shape_key
+
     path, _ = tiny_model("llama")
-    llm = LLM(path, dtype="float32", quantization="int4", num_kv_blocks=16)
-    layer = next(m for m in llm.engine.runner.model.modules() if isinstance(getattr(m, "kernel", None), Int4Weight))
-    assert layer.kernel.kernel_dtype == torch.float32 and layer.kernel.packed.dtype == torch.uint8
-    out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
-    assert len(out.outputs[0].token_ids) == 4
+    for int8 in (True, False):
+        llm = LLM(path, dtype="float32", quantization="int4", num_kv_blocks=16, int8_activations=int8)
+        layer = next(m for m in llm.engine.runner.model.modules() if isinstance(getattr(m, "kernel", None), Int4Weight))
+        assert layer.kernel.kernel_dtype == torch.float32 and layer.kernel.packed.dtype == torch.uint8
+        assert layer.kernel.int8_rows == int8 and (layer.kernel.dense is None) == int8
+        assert shape_key(layer.kernel) is None
+        out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+        assert len(out.outputs[0].token_ids) == 4
 
 
 needs_packing = pytest.mark.skipif(not can_pack(torch.empty(1, 1, dtype=torch.bfloat16)),
@@ -480,7 +495,7 @@ def test_an_int8_lm_head_gives_back_its_rows_in_every_layout(monkeypatch):
     q, scales = quantize_int8(w)
     ids = torch.tensor([0, 17, 63, 17, 40])
     expected = q[ids].float() * scales[ids][:, None]
-    layouts = [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, False)]
+    layouts = [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True), (torch.float32, False)]
     for dtype, int8_rows in layouts:
         weight = Int8Weight(q, scales, dtype, keep_dense=False, int8_rows=int8_rows)
         assert torch.allclose(weight.rows(ids), expected, rtol=1e-2 if weight.q.dim() == 2 else 0), (dtype, int8_rows)

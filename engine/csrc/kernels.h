@@ -6,7 +6,7 @@
 /* pagedchat_features(): which vectorised paths this build has (the rest answer PC_UNSUPPORTED). */
 #define PC_FEATURE_BF16_ATTENTION 1 /* AVX-512 BF16: paged_decode_attention's bf16 path, prefix_attention */
 #define PC_FEATURE_QUANT_BF16 2     /* AVX-512 BF16 + VNNI: int4_matmul, int8_matmul and their _i8 forms */
-#define PC_FEATURE_QUANT_F32 4      /* AVX2 + FMA: int4_matmul_f32, int8_matmul_f32 */
+#define PC_FEATURE_QUANT_F32 4      /* AVX2 + FMA: int4_matmul_f32, int8_matmul_f32 and their _i8 forms */
 #define PC_FEATURE_F32_ATTENTION 8  /* AVX2 + FMA: paged_decode_attention's vectorised fp32 path */
 #define PC_FEATURE_AMX_TILES 16     /* AMX-INT8, lent by Linux: the _i8 kernels' amx (quant_amx.h) */
 #define PC_FEATURE_AMX_BF16_TILES 32 /* AMX-BF16, lent by Linux: int4_matmul_bf16_tiles (quant_amx_bf16.h) */
@@ -50,3 +50,9 @@ int int4_matmul_f32(const void *x, const void *packed, const void *scales, void 
                     int threads);
 int int8_matmul_f32(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
                     int threads);
+/* fp32 rows rounded to int8 per 32 inputs (AVX2: vpmaddubsw), the packed bytes of int4_matmul_i8 and int8_matmul_i8
+ * with quant_matmul_f32.c's scales (csrc/quant_int8_rows_f32.c) */
+int int4_matmul_f32_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
+                       int threads);
+int int8_matmul_f32_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
+                       int threads);

@@ -36,8 +36,10 @@ RUN_SECONDS = 0.002  # each timed run repeats the call this long at least: one s
 
 
 def shape_key(kernel: QuantizedWeight) -> str | None:
-    """What a kernel's speed depends on, or None where it has no AMX tiles (no int8 rows, groups of 16)."""
-    if not kernel.int8_rows or getattr(kernel, "group_size", 32) == 16 and kernel.bits == 8:
+    """What a kernel's speed depends on, or None where it has no AMX tiles (no int8 rows, fp32 rows, groups
+    of 16)."""
+    if (not kernel.int8_rows or getattr(kernel, "kernel_dtype", torch.bfloat16) != torch.bfloat16
+            or getattr(kernel, "group_size", 32) == 16 and kernel.bits == 8):
         return None
     return f"{type(kernel).__name__} {kernel.bits}-bit {kernel.N}x{kernel.K} group {getattr(kernel, 'group_size', 0)}"
 

@@ -1,8 +1,8 @@
 """Quantized weights in their kernels' layouts, converted once at load.
 
 CPU: a packed kernel serves decode-sized batches: ours (engine/csrc/quant_matmul.c for bf16 rows where
-the CPU has AVX-512 BF16 and VNNI, by default rounded to int8 (`int8_rows`);
-engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2), else PyTorch's
+the CPU has AVX-512 BF16 and VNNI, engine/csrc/quant_matmul_f32.c for fp32 rows where it has AVX2; by
+default the rows are rounded to int8 (`int8_rows`: quant_int8_rows.h, quant_int8_rows_f32.c)), else PyTorch's
 `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm`. They lose to a dense matmul (engine/linear.py)
 on many rows, so each weight also keeps a dense copy in the model dtype (prompt rows take it) and
 `packed_rows` picks the path per call; weights with int8 rows (4-bit, GGUF's 5-, 6- and 8-bit blocks, the
@@ -34,10 +34,12 @@ SMALL_M = 4
 # weight than the nibbles' OR). fp32 (engine/csrc/quant_matmul_f32.c, AVX2, an AMD EPYC without
 # AVX-512): 8 rows 36 vs 93, 32 rows 113 vs 196, 64 rows 203 vs 266, 128 rows 233 vs 300; its LM head
 # 39 vs 53 at 8 rows, 184 vs 202 at 64 (fp32 dense weights are 4 bytes each: streaming them costs more
-# than widening).
+# than widening). With int8 rows (the default) the fp32 4-bit layers keep no dense copy and take every row.
 OUR_SMALL_M = {(4, torch.bfloat16): 64, (8, torch.bfloat16): 8, (4, torch.float32): 128, (8, torch.float32): 64}
 # 8-bit weights with int8 rows (the LM head, 49152x576, ms, int8 rows vs bf16 rows vs dense): 1 row 0.94 vs
-# 1.16 vs 3.31, 8 rows 2.30 vs 2.67 vs 3.85, 32 rows 6.4 vs 8.6 vs 7.0, 64 rows 11.4 vs 16.5 vs 18.2.
+# 1.16 vs 3.31, 8 rows 2.30 vs 2.67 vs 3.85, 32 rows 6.4 vs 8.6 vs 7.0, 64 rows 11.4 vs 16.5 vs 18.2. fp32 rows
+# on AVX2 (an AMD EPYC, Zen 3, 2026-12-06, ms, int8 rows vs the FMA kernel): 1 row 1.0 vs 2.1, 8 rows 6.2 vs 6.9,
+# 64 rows 37 vs 35.
 INT8_ROWS_SMALL_M = 64
 # 4-bit weights with int8 rows take every row of every step, prompts' too, and keep no dense copy:
 # each row is rounded alone, so a row computes the same in any step, and without matrix units the
@@ -119,10 +121,10 @@ class QuantizedWeight(LinearKernel):
 class Int4Weight(QuantizedWeight):
     """w[n, k] = (q[n, k] - 8) * scale[g, n] + zero[g, n], g = k // group_size; q in 0..15.
     `perm` (act-order checkpoints) reorders the input features so groups are contiguous.
-    On a CPU with AVX-512 BF16, few rows go through our kernel (engine/csrc/quant_matmul.c), else
-    through torch's. `int8_rows`: bf16 rows are rounded to int8 per 32 inputs where that kernel runs
-    (the engine's int8_activations); then it takes every row of every step and keeps no dense copy,
-    unless `prompt_copy` (the engine's dense_prompt_weights, on a CPU with AMX)."""
+    Where our kernels run (AVX-512 BF16 for bf16 rows, AVX2 for fp32 ones), few rows go through them,
+    else through torch's. `int8_rows`: the rows are rounded to int8 per 32 inputs (the engine's
+    int8_activations); then our kernel takes every row of every step and keeps no dense copy, unless
+    `prompt_copy` (the engine's dense_prompt_weights, on a CPU with AMX)."""
     bits = 4
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int,
@@ -135,9 +137,9 @@ class Int4Weight(QuantizedWeight):
         self.N, self.K, self.group_size, self.dtype, self.perm = N, K, group_size, dtype, perm
         device = q.device
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if device.type == "cpu" else None
-        self.int8_rows = self.kernel_dtype == torch.bfloat16 and int8_rows
+        self.int8_rows = self.kernel_dtype is not None and int8_rows
         if self.kernel_dtype is not None:
-            self.packed, self.scales_and_zeros = packing.int4_pack(q, scales, zeros, self.kernel_dtype)
+            self.packed, self.scales_and_zeros = packing.int4_pack(q, scales, zeros, self.kernel_dtype, self.int8_rows)
         else:
             self.scales_and_zeros = torch.stack([scales, zeros], dim=-1).to(torch.bfloat16).contiguous()  # [G, N, 2]
             if device.type == "cuda":
@@ -180,8 +182,8 @@ class Int4Weight(QuantizedWeight):
 
 
 class Int8Weight(QuantizedWeight):
-    """w[n, k] = q[n, k] * scale[n]: int8 per output channel. Few rows go through our kernel on a CPU
-    with AVX-512 BF16 (engine/csrc/quant_matmul.c), else through torch's."""
+    """w[n, k] = q[n, k] * scale[n]: int8 per output channel. Few rows go through our kernels where
+    they run (Int4Weight's), else through torch's; with int8 rows up to INT8_ROWS_SMALL_M."""
     bits = 8
 
     def __init__(self, q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, keep_dense: bool = True,
@@ -190,7 +192,7 @@ class Int8Weight(QuantizedWeight):
         self.dtype, (self.N, self.K) = dtype, q.shape
         fits = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0
         self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if fits else None
-        self.int8_rows = self.kernel_dtype == torch.bfloat16 and int8_rows and q.shape[1] % 32 == 0
+        self.int8_rows = self.kernel_dtype is not None and int8_rows and q.shape[1] % 32 == 0
         if self.kernel_dtype is not None:
             self.q = packing.int8_pack(self.q, self.kernel_dtype, self.int8_rows)
             self.scales = scales.float().contiguous()

@@ -5,23 +5,26 @@ from __future__ import annotations
 import torch
 
 
-def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def int4_pack(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype,
+              int8_rows: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """q [N, K] in 0..15, scales and zeros [G, N] (w = (q - 8) * scale + zero) -> the layouts of the
     `dtype` kernel (see the csrc files): bfloat16 (packed [N/16, K/4, 32] uint8, scales and zeros
-    [N/16, G, 2, 16] bf16); float32 (packed [N/16, K, 8] uint8, scales and shifts = zero - 8 scale
-    [N/16, G, 2, 16] fp32)."""
+    [N/16, G, 2, 16] bf16); float32 (packed [N/16, K, 8] uint8, with `int8_rows` [N/16, K/4, 32] as
+    csrc/quant_int8_rows_f32.c reads it; scales and shifts = zero - 8 scale [N/16, G, 2, 16] fp32)."""
     N, K = q.shape
     q = q.to(torch.uint8)
-    if dtype == torch.float32:
+    if dtype == torch.float32 and int8_rows:
+        quads = q.reshape(N // 16, 2, 8, K // 4, 4)[..., [0, 2, 1, 3]]  # [block, half, column, quad, k]
+        packed = (quads[:, 0] | (quads[:, 1] << 4)).permute(0, 2, 1, 3).reshape(N // 16, K // 4, 32).contiguous()
+    elif dtype == torch.float32:
         halves = q.reshape(N // 16, 2, 8, K)  # [block, half, column, k]
         packed = (halves[:, 0] | (halves[:, 1] << 4)).transpose(1, 2).contiguous()
-        pair = (scales.float(), zeros.float() - 8 * scales.float())
     else:
         quads = q.reshape(N // 16, 16, K // 4, 2, 2)  # [block, column, quad, half, pair]
         packed = (quads[..., 0, :] | (quads[..., 1, :] << 4)).permute(0, 2, 1, 3).contiguous()
-        pair = (scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
-    return packed, group_scales(*pair)
+    if dtype == torch.float32:
+        return packed, group_scales(scales.float(), zeros.float() - 8 * scales.float())
+    return packed, group_scales(scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
 
 
 def int5_pack(q: torch.Tensor) -> torch.Tensor:

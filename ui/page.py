@@ -26,6 +26,9 @@ CSS = """
 #assistant-name h1, h1.page-title { font-size: 1.15rem; margin: 0; }
 /* code in a message wraps instead of scrolling: no scroll region that only a mouse could move */
 #chatbot pre, #chatbot pre code { white-space: pre-wrap !important; overflow-wrap: anywhere; overflow: visible !important; }
+/* an event with show_progress="hidden" still gets Gradio's timer text over the chat while it streams, pulsing
+   in opacity: faint text (axe found it below AA contrast mid-pulse). Hidden means none at all. */
+[data-testid="status-tracker"].hidden .progress-text { display: none; }
 @media (max-width: 767px) {
   .sidebar:not(.open) .toggle-button { left: calc(100% + 3px); }  /* wholly on screen, left of the content */
   #chatbot .bubble-wrap { padding-top: 36px; }  /* the first bubble stays below the chat's own buttons */

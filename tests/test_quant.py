@@ -534,17 +534,18 @@ def test_the_default_model_keeps_its_embedding_once_in_the_int8_lm_head(monkeypa
 @pytest.mark.e2e
 def test_a_q8_0_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path):
     """A Q8_0 file of SmolLM2 loads its projections as int8 groups (where the kernel runs), answers,
-    and its mean NLL on the eval passage stays within 1.05x of the same weights dense in bf16."""
+    and its mean NLL on the eval passage stays within 1.05x of the same weights dense (both in the CPU's dtype: bf16 where its kernels are, else
+    fp32)."""
     import os
 
     from engine.quant.group_kernels import Int8GroupWeight
 
     path = str(tmp_path / "smollm2-q8_0.gguf")
     q8_0_gguf(path)
-    packed = LLM(path, dtype="bfloat16", num_kv_blocks=64)
-    dense = LLM(default_model_path(), dtype="bfloat16", quantization="none", num_kv_blocks=64)
+    packed = LLM(path, num_kv_blocks=64)
+    dense = LLM(default_model_path(), quantization="none", num_kv_blocks=64)
     down = packed.engine.model.model.layers[3].mlp.down_proj.kernel
-    if Int8GroupWeight.runs_here((576, 1536), torch.bfloat16, torch.device("cpu")):
+    if Int8GroupWeight.runs_here((576, 1536), packed.engine.dtype, torch.device("cpu")):
         assert isinstance(down, Int8GroupWeight)
     ids = packed.get_tokenizer().encode(open(os.path.join(os.path.dirname(__file__), "data", "eval_passage.txt")).read())
     ids = ids[:384]
@@ -553,7 +554,7 @@ def test_a_q8_0_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_path
     prompt = packed.render_chat([{"role": "user", "content": "Hello! How can I return a tent?"}])
     reply = packed.generate([prompt], SamplingParams(temperature=0, max_tokens=12))
     assert len(reply[0].outputs[0].text.split()) >= 3
-    print(f"Q8_0: NLL {nll:.4f} vs bf16 {base:.4f}; weights {packed.engine.weight_bytes / 2**20:.0f} MiB, "
+    print(f"Q8_0: NLL {nll:.4f} vs dense {base:.4f}; weights {packed.engine.weight_bytes / 2**20:.0f} MiB, "
           f"file {os.path.getsize(path) / 2**20:.0f} MiB")
 
 
@@ -562,7 +563,7 @@ def test_a_q4_k_m_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_pa
     """Every block type of a Q4_K_M mix stays packed (Q4_K in the int4 kernel, Q5_0 in the 5-bit one,
     Q6_K / Q8_0 as int8 groups, where those kernels run) in at most 1.3x the file's bytes (the int8 LM
     head serves the embedding lookup too); the model answers and its mean NLL on the eval passage
-    stays within 1.05x of the embedded model's weights dense in bf16."""
+    stays within 1.05x of the embedded model's weights dense (the CPU's dtype, as the Q8_0 test)."""
     import os
 
     from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
@@ -570,11 +571,11 @@ def test_a_q4_k_m_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_pa
 
     path = str(tmp_path / "smollm2-q4_k_m.gguf")
     q4_k_m_gguf(path)
-    mixed = LLM(path, dtype="bfloat16", num_kv_blocks=64)
-    dense = LLM(default_model_path(), dtype="bfloat16", quantization="none", num_kv_blocks=64)
+    mixed = LLM(path, num_kv_blocks=64)
+    dense = LLM(default_model_path(), quantization="none", num_kv_blocks=64)
     layers = mixed.engine.model.model.layers
     assert isinstance(layers[4].mlp.down_proj.kernel, Int4Weight)  # Q4_K (layer 5 is one given more bits)
-    if Int8GroupWeight.runs_here((576, 1536), torch.bfloat16, torch.device("cpu")):
+    if Int8GroupWeight.runs_here((576, 1536), mixed.engine.dtype, torch.device("cpu")):
         assert isinstance(layers[0].mlp.down_proj.kernel, Int8GroupWeight)  # Q6_K, groups of 16
         assert layers[0].mlp.down_proj.kernel.group_size == 16
         assert isinstance(layers[4].self_attn.qkv_proj.kernel, Int5Weight)  # Q5_0 shards, one 5-bit kernel
@@ -586,7 +587,7 @@ def test_a_q4_k_m_file_of_the_default_model_runs_packed_and_holds_the_nll(tmp_pa
     assert nll < 1.05 * base, (nll, base)
     prompt = mixed.render_chat([{"role": "user", "content": "Hello! How can I return a tent?"}])
     assert len(mixed.generate([prompt], SamplingParams(temperature=0, max_tokens=12))[0].outputs[0].text.split()) >= 3
-    print(f"Q4_K_M mix: NLL {nll:.4f} vs bf16 {base:.4f}; weights {mixed.engine.weight_bytes / 2**20:.0f} MiB, "
+    print(f"Q4_K_M mix: NLL {nll:.4f} vs dense {base:.4f}; weights {mixed.engine.weight_bytes / 2**20:.0f} MiB, "
           f"file {os.path.getsize(path) / 2**20:.0f} MiB")
 
 

@@ -35,3 +35,19 @@ def test_model_change_or_edited_history_falls_back_to_a_full_render(smol32):
     edited = build_prompt(tok, "", history, "Bye", "old")
     assert edited.reused == 0 and "diverge" in edited.fallback
     assert tok.decode(edited.token_ids).endswith("<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_a_reply_cut_by_a_crash_continues_token_exact_even_where_its_text_lagged(smol32):
+    """A reply stored mid-stream and then cut (finish_reason interrupted) may hold less text than its
+    tokens: the next turn still starts with exactly those tokens. A finished reply whose text differs
+    from its tokens is an edit: rendered again from its text."""
+    tok = smol32.get_tokenizer()
+    prompt = build_prompt(tok, "", [], "Hi", "m").token_ids
+    ids = tok.encode("Hello there, my friend", add_special_tokens=False)
+    history = [{"role": "user", "content": "Hi", "token_ids": prompt, "model": "m"},
+               {"role": "assistant", "content": "Hello there, my fr", "token_ids": ids, "model": "m",
+                "finish_reason": "interrupted"}]
+    cut = build_prompt(tok, "", history, "Still there?", "m")
+    assert cut.fallback is None and cut.token_ids[:len(prompt) + len(ids)] == prompt + ids
+    history[1]["finish_reason"] = "stop"
+    assert "diverge" in build_prompt(tok, "", history, "Still there?", "m").fallback

@@ -97,25 +97,20 @@ def _render(tokenizer, system_prompt: str, history: list[dict], skip: int, new_t
     if context_model != model:
         return _fallback(tokenizer, system_prompt, window, new_text,
                          f"model changed from {context_model!r} to {model!r}", plan, encode)
-    prompt = extend(tokenizer, context_ids, _template(tokenizer, system_prompt, window, new_text, plan), encode)
-    cut = _cut_reply_as_generated(tokenizer, window) if prompt.fallback else None
-    if cut is not None:
-        retry = extend(tokenizer, context_ids, _template(tokenizer, system_prompt, cut, new_text, plan), encode)
-        if retry.fallback is None:
-            return retry
-    return prompt
+    window = _cut_reply_as_generated(tokenizer, window)
+    return extend(tokenizer, context_ids, _template(tokenizer, system_prompt, window, new_text, plan), encode)
 
 
-def _cut_reply_as_generated(tokenizer, window: list[dict]) -> list[dict] | None:
+def _cut_reply_as_generated(tokenizer, window: list[dict]) -> list[dict]:
     """A reply cut by a crash was stored mid-stream, when its text may lag its tokens (the detokenizer
     holds back an unfinished character or stop string): the window with that reply's text as its tokens
-    decode to, so the next turn still continues token-exact; None where the last reply is not such a one."""
+    decode to, so the next turn still continues token-exact; the window as it is otherwise."""
     reply = window[-1]
     if reply.get("finish_reason") != "interrupted":
-        return None
+        return window
     text = tokenizer.decode(reply["token_ids"], skip_special_tokens=True)
-    if text == reply["content"] or not text.startswith(reply["content"]):
-        return None
+    if not text.startswith(reply["content"]):
+        return window
     return window[:-1] + [dict(reply, content=text)]
 
 

@@ -38,7 +38,7 @@ struct job {
     const float *scales, *xd, *xsum;
     const int8_t *xq;
     float *y;
-    int M, K, group, group_shift, N, bits;
+    int M, K, group_shift, N, bits; /* groups of 32 << group_shift inputs (4-bit) */
 };
 
 /* Row x's quad j as one 32-bit word, broadcast. */
@@ -57,7 +57,7 @@ ALWAYS_INLINE __m256 so_far(const struct job *j, int a, int m, int64_t n) {
 /* 4-bit: MR rows by NB blocks of 16 columns, MR * NB <= 4. The arrays have fixed sizes (a VLA of MR would live
  * on the stack); MR and NB are constants at every call, so the compiler keeps the used sums in registers. */
 ALWAYS_INLINE void tile4(const struct job *j, int64_t b0, int m0, const int MR, const int NB) {
-    const int K = j->K, A = K / 32, G = K / j->group;
+    const int K = j->K, A = K / 32, G = A >> j->group_shift;
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
     for (int a = 0; a < A; a++) {
         __m256i words[4][4][2];
@@ -73,7 +73,7 @@ ALWAYS_INLINE void tile4(const struct job *j, int64_t b0, int m0, const int MR, 
                         words[m][b][h] = _mm256_add_epi16(words[m][b][h], _mm256_maddubs_epi16(w[h], x));
                 }
             }
-        const int g = a >> j->group_shift; /* a * 32 / group without a division in the loop */
+        const int g = a >> j->group_shift;
         for (int b = 0; b < NB; b++) {
             const float *s = j->scales + (((b0 + b) * G + g) * 2) * 16;
             for (int m = 0; m < MR; m++) {
@@ -224,7 +224,7 @@ static int run(const void *x, const void *packed, const void *scales, void *y, i
     float *xd = (float *)(xq + (size_t)M * K), *xsum = xd + (size_t)M * A;
     struct rows_job r = {x, xq, xd, xsum, M, K};
     pool_run(threads < M ? threads : M, quantize, &r);
-    struct job j = {packed, scales, xd, xsum, xq, y, M, K, group, shift, N, bits};
+    struct job j = {packed, scales, xd, xsum, xq, y, M, K, shift, N, bits};
     if ((int64_t)M * N * K < THREADS_FROM) threads = 1;
     if (threads > N / 16) threads = N / 16;
     pool_run(threads, columns_part, &j);

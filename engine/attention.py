@@ -187,10 +187,10 @@ class PagedAttention(nn.Module):
         return out.copy_(o.squeeze(2))
 
     def _int8_kernel(self, q: torch.Tensor) -> bool:
-        """Whether the C kernel reads int8 pools for these queries (bf16, AVX-512 BF16 and VNNI, head_dim
-        a multiple of 16 up to 512)."""
-        return (q.dtype == torch.bfloat16 and self.head_dim % 16 == 0 and self.head_dim <= 512
-                and cpu_kernels.has("quant_bf16"))
+        """Whether the C kernel reads int8 pools for these queries (bf16 on AVX-512 BF16 and VNNI, fp32 on
+        AVX2; head_dim a multiple of 16 up to 512)."""
+        feature = "quant_bf16" if q.dtype == torch.bfloat16 else "f32_attention"
+        return self.head_dim % 16 == 0 and self.head_dim <= 512 and cpu_kernels.has(feature)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
               causal: bool = False) -> torch.Tensor:

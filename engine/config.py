@@ -65,8 +65,9 @@ class EngineConfig:
     block_size: int = setting(16, "tokens per KV block", choices=(16, 32))
     # vLLM's flag; int8: each token's K and V row of each head rounded to int8 with its own scale
     # (engine/kv_layout.py): about half the bytes a step reads and twice the sessions in the same pool
+    # (a quarter and four times for fp32 models)
     kv_cache_dtype: str = setting("auto", "auto: the model's dtype; int8: K/V rounded to int8 per token and head "
-                                  "(half the memory)", choices=KV_CACHE_DTYPES)
+                                  "(half a bf16 pool's memory, a quarter of fp32's)", choices=KV_CACHE_DTYPES)
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of shared prefixes", flag="--no-prefix-caching")
     max_num_seqs: int = setting(64, "sequences in one step")
     max_model_len: int | None = setting(None, "context length (default: the model's own, capped at 8192)")

@@ -153,7 +153,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            int8: tuple[int, int] | None = None) -> torch.Tensor:
     """q [B, H, D] (rows may be strided, heads contiguous) -> out [B, H, D] (contiguous), returned; k_cache
     [num_blocks, Hkv, D/2, block_size, 2], v_cache [num_blocks, block_size, Hkv, D]; int64 tables, lengths.
-    int8: (block_size, Hkv) of int8 pools (kv_layout.int8_views' bytes, [num_blocks, bytes]; bf16 q).
+    int8: (block_size, Hkv) of int8 pools (kv_layout.int8_views' bytes, [num_blocks, bytes]; bf16 q on
+    AVX-512 BF16 and VNNI, fp32 q on AVX2).
     prefix: (starts [B], rows [B], out [S, H, D] fp32, lse [S, H] fp32): sequence b attends to its
     tokens from starts[b] on, and where rows[b] >= 0 merges that with the shared prefix's partial
     out[rows[b]], lse[rows[b]] (engine/cascade.py). threads: None for set_threads'."""
@@ -164,10 +165,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not heads_contiguous(q):
         q = q.contiguous()
     starts, rows, prefix_out, prefix_lse = prefix or (None, None, None, None)
+    dtype = (3 if q.dtype == torch.float32 else 2) if int8 else _dtype_code(q)  # csrc/paged_attention.c's codes
     code = _lib.paged_decode_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
-        block_tables.shape[1], scale, 2 if int8 else _dtype_code(q), threads or _threads)
+        block_tables.shape[1], scale, dtype, threads or _threads)
     _check(code, "paged_decode_attention")
     return out
 

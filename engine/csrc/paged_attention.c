@@ -13,8 +13,9 @@
  *   k cache       [num_blocks, Hkv, D/2, block_size, 2]
  *   v cache       [num_blocks, block_size, Hkv, D]
  *   block_tables  [B, max_blocks] int64, seq_lens [B] int64
- * dtype: 0 = float32, 1 = bfloat16 (q, cache and out share it); 2 = bfloat16 q and out over int8 caches
- * (attention_int8.h's layouts; AVX-512 BF16 and VNNI only, D % 16 == 0).
+ * dtype: 0 = float32, 1 = bfloat16 (q, cache and out share it); over int8 caches (attention_int8.h's
+ * layouts, D % 16 == 0, block_size % 16 == 0): 2 = bfloat16 q and out (AVX-512 BF16 and VNNI), 3 = float32
+ * q and out (AVX2 with FMA).
  *
  * With `starts` [B] int64, sequence b attends to tokens [starts[b], seq_lens[b]) only: a sliding
  * window (any token), or the cascade (a shared prefix attended elsewhere, once for all: multiples of
@@ -199,9 +200,10 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W) + sizeof(uint16_t) * R * (L + 1));
     if (!scores) return PC_NO_MEMORY;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
-    for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, dtype, qf + r * D);
-#ifdef PC_AVX512_BF16_VNNI
-    if (dtype == 2) { /* the rows as int8 (attention_int8.h), in the space acc and row leave unused until pass 2 */
+    const int io = dtype == 3 ? 0 : dtype == 2 ? 1 : dtype; /* q's and out's: 0 float32, 1 bfloat16 */
+    for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, io, qf + r * D);
+#if defined(PC_AVX512_BF16_VNNI) || defined(PC_AVX2_FMA)
+    if (dtype >= 2) { /* the rows as int8 (attention_int8.h), in the space acc and row leave unused until pass 2 */
         int32_t *quads = (int32_t *)acc;
         float *row_scale = (float *)(quads + R * D / 4), *offset = row_scale + R;
         for (int r = 0; r < R; r++) {
@@ -212,7 +214,12 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
             offset[r] = 128.f * (float)sum;
         }
         const struct int8_queries iq = {quads, row_scale, offset};
-        scores_int8(&iq, k_cache, table, L, h0, nh, G, Hkv, D, block_size, scores);
+#ifdef PC_AVX512_BF16_VNNI
+        if (dtype == 2) scores_int8(&iq, k_cache, table, L, h0, nh, G, Hkv, D, block_size, scores);
+#endif
+#ifdef PC_AVX2_FMA
+        if (dtype == 3) scores_int8_avx2(&iq, k_cache, table, L, h0, nh, G, Hkv, D, block_size, scores);
+#endif
     } else
 #endif
 #ifdef PC_AVX512_BF16
@@ -255,6 +262,11 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
         values_int8(v_cache, table, L, h0, nh, G, Hkv, D, block_size, scores, acc);
     else
 #endif
+#ifdef PC_AVX2_FMA
+    if (dtype == 3)
+        values_int8_avx2(v_cache, table, L, h0, nh, G, Hkv, D, block_size, scores, acc);
+    else
+#endif
 #ifdef PC_AVX512_BF16
     if (dtype == 1 && D == 64)
         values_bf16_d64(v_cache, table, L, h0, nh, G, Hkv, block_size, scores, (uint16_t *)(row + W), acc);
@@ -285,7 +297,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
             merge_prefix(ar, sums[r], maxes[r], prefix_out + (h0 * G + r) * D, prefix_lse[h0 * G + r], D);
             inv = 1.f;
         }
-        if (dtype == 0) for (int d = 0; d < D; d++) ((float *)out)[o + d] = ar[d] * inv;
+        if (io == 0) for (int d = 0; d < D; d++) ((float *)out)[o + d] = ar[d] * inv;
         else for (int d = 0; d < D; d++) ((uint16_t *)out)[o + d] = f32_to_bf16(ar[d] * inv);
     }
     free(scores);
@@ -308,7 +320,7 @@ struct job {
 static int attend_task(const struct job *j, int task) {
     const int per = j->Hkv / j->split, h0 = (task % j->split) * per, group = task / j->split;
     const int first = j->groups ? j->groups[group] : group;
-    const int64_t size = j->dtype == 0 ? 4 : 2, p = j->prefix_row ? j->prefix_row[first] : -1;
+    const int64_t size = j->dtype == 0 || j->dtype == 3 ? 4 : 2, p = j->prefix_row ? j->prefix_row[first] : -1;
     const char *q = (const char *)j->q + first * j->q_stride * size;
     char *out = (char *)j->out + (int64_t)first * j->H * j->D * size;
     const float *prefix_out = p >= 0 ? j->prefix_out + p * j->H * j->D : NULL;
@@ -356,7 +368,10 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
 #ifndef PC_AVX512_BF16_VNNI
     if (dtype == 2) return PC_UNSUPPORTED;
 #endif
-    if (dtype == 2 && (D % 16 || block_size % 16)) return PC_BAD_SHAPE;
+#ifndef PC_AVX2_FMA
+    if (dtype == 3) return PC_UNSUPPORTED;
+#endif
+    if (dtype >= 2 && (D % 16 || block_size % 16)) return PC_BAD_SHAPE;
     struct job j = {q, k_cache, v_cache, out, block_tables, seq_lens, starts, prefix_row, prefix_out, prefix_lse,
                     q_stride, B, H, Hkv, D, block_size, max_blocks, dtype, 1, scale, NULL, B, 0, 0};
     int *groups = NULL;

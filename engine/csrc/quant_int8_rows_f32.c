@@ -48,54 +48,69 @@ ALWAYS_INLINE __m256i quad(const int8_t *row, int j) {
     return _mm256_set1_epi32(word);
 }
 
-/* The sums so far of row m, columns [n, n + 8): zero before the first 32 inputs. They live in y between
- * the 32-input steps: AVX2's 16 registers hold a tile's integer sums, not its fp32 totals too. */
-ALWAYS_INLINE __m256 so_far(const struct job *j, int a, int m, int64_t n) {
-    return a == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(j->y + (int64_t)m * j->N + n);
+/* A tile's sums into y: rows [m0, m0 + MR), columns [16 b0, 16 (b0 + NB)). */
+ALWAYS_INLINE void store_tile(const struct job *j, int64_t b0, int m0, const int MR, const int NB, __m256 acc[4][4][2]) {
+    for (int m = 0; m < MR; m++)
+        for (int b = 0; b < NB; b++)
+            for (int h = 0; h < 2; h++)
+                _mm256_storeu_ps(j->y + (int64_t)(m0 + m) * j->N + (b0 + b) * 16 + 8 * h, acc[m][b][h]);
 }
 
 /* 4-bit: MR rows by NB blocks of 16 columns, MR * NB <= 4. The arrays have fixed sizes (a VLA of MR would live
- * on the stack); MR and NB are constants at every call, so the compiler keeps the used sums in registers. */
+ * on the stack); MR and NB are constants at every call, so the compiler keeps the used sums in registers
+ * (3 rows' integer and fp32 sums fill AVX2's 16 registers; what does not fit spills to the stack, which,
+ * unlike y, the compiler knows no other pointer reads). Job fields are copied into locals for the same
+ * reason: a store through y could otherwise change them, and each store reloaded them (measured: half
+ * the kernel's time went to the per-32-input step). */
 ALWAYS_INLINE void tile4(const struct job *j, int64_t b0, int m0, const int MR, const int NB) {
-    const int K = j->K, A = K / 32, G = A >> j->group_shift;
+    const int K = j->K, A = K / 32, shift = j->group_shift, G = A >> shift;
+    const uint8_t *packed = j->packed + b0 * (K / 4) * 32;
+    const float *scales = j->scales + b0 * G * 32, *xd = j->xd + (int64_t)m0 * A, *xsum = j->xsum + (int64_t)m0 * A;
+    const int8_t *xq = j->xq + (int64_t)m0 * K;
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[4][4][2];
+    for (int m = 0; m < MR; m++)
+        for (int b = 0; b < NB; b++) acc[m][b][0] = acc[m][b][1] = _mm256_setzero_ps();
     for (int a = 0; a < A; a++) {
         __m256i words[4][4][2];
         for (int m = 0; m < MR; m++)
             for (int b = 0; b < NB; b++) words[m][b][0] = words[m][b][1] = _mm256_setzero_si256();
         for (int q = 8 * a; q < 8 * a + 8; q++)
             for (int b = 0; b < NB; b++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(j->packed + ((b0 + b) * (K / 4) + q) * 32));
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(packed + (b * (K / 4) + q) * 32));
                 const __m256i w[2] = {_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low)};
                 for (int m = 0; m < MR; m++) {
-                    const __m256i x = quad(j->xq + (int64_t)(m0 + m) * K, q);
+                    const __m256i x = quad(xq + (int64_t)m * K, q);
                     for (int h = 0; h < 2; h++)
                         words[m][b][h] = _mm256_add_epi16(words[m][b][h], _mm256_maddubs_epi16(w[h], x));
                 }
             }
-        const int g = a >> j->group_shift;
+        const int g = a >> shift;
         for (int b = 0; b < NB; b++) {
-            const float *s = j->scales + (((b0 + b) * G + g) * 2) * 16;
+            const float *s = scales + ((b * G + g) * 2) * 16;
             for (int m = 0; m < MR; m++) {
-                const int64_t at = (int64_t)(m0 + m) * A + a;
-                const __m256 d = _mm256_set1_ps(j->xd[at]), sum = _mm256_set1_ps(j->xsum[at]);
+                const __m256 d = _mm256_set1_ps(xd[m * A + a]), sum = _mm256_set1_ps(xsum[m * A + a]);
                 for (int h = 0; h < 2; h++) {
-                    const int64_t n = (b0 + b) * 16 + 8 * h;
                     const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(words[m][b][h], ones));
-                    const __m256 ds = _mm256_mul_ps(_mm256_loadu_ps(s + 8 * h), d);
-                    const __m256 total = _mm256_fmadd_ps(dots, ds, so_far(j, a, m0 + m, n));
-                    _mm256_storeu_ps(j->y + (int64_t)(m0 + m) * j->N + n,
-                                     _mm256_fmadd_ps(sum, _mm256_loadu_ps(s + 16 + 8 * h), total));
+                    const __m256 total = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_loadu_ps(s + 8 * h), d), acc[m][b][h]);
+                    acc[m][b][h] = _mm256_fmadd_ps(sum, _mm256_loadu_ps(s + 16 + 8 * h), total);
                 }
             }
         }
     }
+    store_tile(j, b0, m0, MR, NB, acc);
 }
 
 /* 8-bit: as tile4, the per-column scale folded into each 32 inputs' step. */
 ALWAYS_INLINE void tile8(const struct job *j, int64_t b0, int m0, const int MR, const int NB) {
     const int K = j->K, A = K / 32;
+    const uint8_t *packed = j->packed + b0 * (K / 4) * 64;
+    const float *scales = j->scales + b0 * 16, *xd = j->xd + (int64_t)m0 * A;
+    const int8_t *xq = j->xq + (int64_t)m0 * K;
     const __m256i offset = _mm256_set1_epi8((char)0x80), ones = _mm256_set1_epi16(1);
+    __m256 acc[4][4][2];
+    for (int m = 0; m < MR; m++)
+        for (int b = 0; b < NB; b++) acc[m][b][0] = acc[m][b][1] = _mm256_setzero_ps();
     for (int a = 0; a < A; a++) {
         __m256i dot[4][4][2];
         for (int m = 0; m < MR; m++)
@@ -103,26 +118,25 @@ ALWAYS_INLINE void tile8(const struct job *j, int64_t b0, int m0, const int MR, 
         for (int q = 8 * a; q < 8 * a + 8; q++)
             for (int b = 0; b < NB; b++)
                 for (int h = 0; h < 2; h++) {
-                    const uint8_t *src = j->packed + ((b0 + b) * (K / 4) + q) * 64 + 32 * h;
+                    const uint8_t *src = packed + (b * (K / 4) + q) * 64 + 32 * h;
                     const __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)src), offset);
                     const __m256i magnitude = _mm256_abs_epi8(w);
                     for (int m = 0; m < MR; m++) {
-                        const __m256i x = _mm256_sign_epi8(quad(j->xq + (int64_t)(m0 + m) * K, q), w);
+                        const __m256i x = _mm256_sign_epi8(quad(xq + (int64_t)m * K, q), w);
                         dot[m][b][h] = _mm256_add_epi32(dot[m][b][h],
                                                         _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, x), ones));
                     }
                 }
         for (int m = 0; m < MR; m++) {
-            const __m256 d = _mm256_set1_ps(j->xd[(int64_t)(m0 + m) * A + a]);
+            const __m256 d = _mm256_set1_ps(xd[m * A + a]);
             for (int b = 0; b < NB; b++)
                 for (int h = 0; h < 2; h++) {
-                    const int64_t n = (b0 + b) * 16 + 8 * h;
-                    const __m256 ds = _mm256_mul_ps(_mm256_loadu_ps(j->scales + n), d);
-                    _mm256_storeu_ps(j->y + (int64_t)(m0 + m) * j->N + n,
-                                     _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][b][h]), ds, so_far(j, a, m0 + m, n)));
+                    const __m256 ds = _mm256_mul_ps(_mm256_loadu_ps(scales + b * 16 + 8 * h), d);
+                    acc[m][b][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m][b][h]), ds, acc[m][b][h]);
                 }
         }
     }
+    store_tile(j, b0, m0, MR, NB, acc);
 }
 
 ALWAYS_INLINE void tile(const struct job *j, int64_t b0, int m0, const int MR, const int NB, const int BITS) {
@@ -131,9 +145,9 @@ ALWAYS_INLINE void tile(const struct job *j, int64_t b0, int m0, const int MR, c
 }
 
 /* Blocks [b0, b0 + nb) for rows [m0, M): chunks of 3 rows one block at a time (its weights stay in L1 while
- * every chunk takes them; 3 rows' six 16-bit sums, two weight vectors and the broadcasts fit AVX2's 16
- * registers, 4 rows spill: one thread 52-55 GMAC/s at 64 rows against 57-65, AMD EPYC 2026-12-06), fewer rows
- * over more blocks. */
+ * every chunk takes them; 3 rows' six 16-bit and six fp32 sums, two weight vectors and the broadcasts about
+ * fill AVX2's 16 registers. One thread at 64 rows, 4-bit, AMD EPYC 2026-12-06: 3 rows 70-79 GMAC/s, 4 rows
+ * 64-68, 2 rows by 2 blocks 57-61), fewer rows over more blocks. */
 ALWAYS_INLINE void columns(const struct job *j, int64_t b0, int64_t nb, int m0, int M, const int BITS) {
     int m = m0;
     if (M - m0 >= 3) {

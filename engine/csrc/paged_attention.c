@@ -185,6 +185,9 @@ static inline void load_span(const void *base, int64_t offset, int n, int dtype,
     }
 }
 
+/* The dtype of q and out for a dtype code (above): 0 float32, 1 bfloat16. */
+static inline int io_dtype(int dtype) { return dtype == 3 ? 0 : dtype == 2 ? 1 : dtype; }
+
 /* One task: one sequence (q and out point at its rows), kv heads [h0, h1). K and V rows of those
  * heads are read once, in order. */
 static int attend(const void *q, const void *k_cache, const void *v_cache, void *out, const float *prefix_out,
@@ -200,7 +203,7 @@ static int attend(const void *q, const void *k_cache, const void *v_cache, void 
     float *scores = malloc(sizeof(float) * ((size_t)R * L + (size_t)R * D * 2 + W) + sizeof(uint16_t) * R * (L + 1));
     if (!scores) return PC_NO_MEMORY;
     float *qf = scores + (size_t)R * L, *acc = qf + R * D, *row = acc + R * D;
-    const int io = dtype == 3 ? 0 : dtype == 2 ? 1 : dtype; /* q's and out's: 0 float32, 1 bfloat16 */
+    const int io = io_dtype(dtype);
     for (int r = 0; r < R; r++) load_span(q, (int64_t)(h0 * G + r) * D, D, io, qf + r * D);
 #if defined(PC_AVX512_BF16_VNNI) || defined(PC_AVX2_FMA)
     if (dtype >= 2) { /* the rows as int8 (attention_int8.h), in the space acc and row leave unused until pass 2 */
@@ -320,7 +323,7 @@ struct job {
 static int attend_task(const struct job *j, int task) {
     const int per = j->Hkv / j->split, h0 = (task % j->split) * per, group = task / j->split;
     const int first = j->groups ? j->groups[group] : group;
-    const int64_t size = j->dtype == 0 || j->dtype == 3 ? 4 : 2, p = j->prefix_row ? j->prefix_row[first] : -1;
+    const int64_t size = io_dtype(j->dtype) == 0 ? 4 : 2, p = j->prefix_row ? j->prefix_row[first] : -1;
     const char *q = (const char *)j->q + first * j->q_stride * size;
     char *out = (char *)j->out + (int64_t)first * j->H * j->D * size;
     const float *prefix_out = p >= 0 ? j->prefix_out + p * j->H * j->D : NULL;

@@ -54,6 +54,11 @@ class ModelInfo:
     sampling_defaults: dict = field(default_factory=dict)  # the model's own (vLLM: generation config)
     sampling_source: str = "pagedchat's defaults"  # where sampling_defaults come from, in words
     block_size: int = 16  # tokens per KV block (prompt layouts align to it: ui/grounding.py)
+    prefix_caching: bool = True  # a prompt's full blocks are kept for later prompts that share them
+
+    def cache_writes(self, prompt_tokens: int, cached_tokens: int) -> int:
+        """Prompt tokens a request added to the prefix cache: its full blocks past the cached ones."""
+        return max(prompt_tokens // self.block_size * self.block_size - cached_tokens, 0) if self.prefix_caching else 0
 
     def default_sampling(self, **overrides) -> SamplingParams:
         """SamplingParams with the model's defaults, then `overrides` (None values are ignored)."""

@@ -288,7 +288,8 @@ class LLMEngine:
     def model_info(self, model: str | None) -> ModelInfo:
         return ModelInfo(self.source.name, model, self.tokenizer, self.max_model_len, self.hf_config.vocab_size,
                          str(self.device), str(self.dtype).removeprefix("torch."), self.quantization_shown,
-                         self.sampling_defaults, self.sampling_source, self.config.block_size)
+                         self.sampling_defaults, self.sampling_source, self.config.block_size,
+                         self.config.enable_prefix_caching)
 
     def check_integrity(self) -> None:
         self.kv.pool.check_integrity()

@@ -1,5 +1,6 @@
-"""What every API route shares: the app's settings, and the FastAPI dependencies that find the
-engine a request names, check its key and hold its place under the per-user cap."""
+"""What every API route shares: the app's settings, the FastAPI dependencies that find the
+engine a request names, check its key and hold its place under the per-user cap, and a chat
+request's prompt and sampling parameters (the chat and Responses routes both make them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,9 +8,13 @@ from dataclasses import dataclass, field
 from fastapi import Request
 
 from engine.client import EngineClient, ModelInfo
+from engine.errors import ParameterError, parameter_of
+from engine.tools import render
 from server.auth import Credentials
-from server.errors import APIError
+from server.errors import APIError, bad_request
 from server.limits import UserLimiter
+from server.logs import log_request
+from server.protocol import ChatCompletionRequest, SamplingFields
 
 
 @dataclass
@@ -83,3 +88,39 @@ def serving(request: Request, name: str | None) -> tuple[EngineClient, ModelInfo
         raise APIError(404, f"The model `{name}` does not exist; this server serves {known}.",
                        "NotFoundError", "model", "model_not_found")
     return engine_client(request), info, served
+
+
+# ---- a request's prompt and sampling ------------------------------------------------------
+def render_chat(info: ModelInfo, body) -> list[int]:
+    chat = isinstance(body, ChatCompletionRequest)
+    plan, options = (body.tool_plan, body.template_options()) if chat else (None, {})
+    try:
+        return render(info.tokenizer, [m.as_dict() for m in body.messages], plan, **options)
+    except ParameterError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the template's own complaint is the clearest message
+        raise bad_request(f"the chat template rejected these messages: {e}", "messages") from None
+
+
+def sampling(info: ModelInfo, body: SamplingFields, ids: list[int]):
+    """SamplingParams for one prompt; max_tokens defaults to the room left in the context. A prompt
+    that leaves no room at all is refused by the engine (ContextLengthError)."""
+    refused = body.not_implemented()
+    if refused:
+        raise bad_request(f"`{refused}` is not supported by this server yet; leave it out of the request.", refused)
+    limit, wanted = info.max_model_len, body.requested_max_tokens()
+    if wanted is not None and len(ids) < limit < len(ids) + wanted:
+        raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
+                          f"{len(ids) + wanted} tokens ({len(ids)} in the prompt, {wanted} for the completion).",
+                          "max_tokens")
+    try:
+        return body.sampling_params(room=max(limit - len(ids), 1), defaults=info.sampling_defaults)
+    except ValueError as e:
+        raise bad_request(str(e), parameter_of(e)) from None
+
+
+def finish_logger(request: Request, prompt_len: int, prompt):
+    def on_finish(final) -> None:
+        log_request(getattr(request.state, "request_id", None), request.headers.get("x-session-id"), final,
+                    prompt_len, request.app.state.settings.log_text, prompt)
+    return on_finish

@@ -1,5 +1,5 @@
 """The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize,
-/detokenize, /health, /metrics. Handlers are thin: they validate, render the prompt, and hand the
+/detokenize, /health, /metrics (and /v1/responses, server/responses_api.py). Handlers are thin: they validate, render the prompt, and hand the
 request to whatever EngineClient the app was built with (in-process or remote)."""
 from __future__ import annotations
 
@@ -8,19 +8,18 @@ import asyncio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from engine.client import EngineClient, ModelInfo
-from engine.errors import ParameterError, parameter_of
+from engine.client import EngineClient
 from engine.metrics import merge_expositions
 from engine.tool_calls import parse_reply
-from engine.tools import render
 from server.auth import Credentials
-from server.deps import (Settings, check_key, engine_client, holding, model_info, served_name, serving,
-                         take_slot)
+from server.deps import (Settings, check_key, engine_client, finish_logger, holding, model_info, render_chat,
+                         sampling, served_name, serving, take_slot)
 from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter
-from server.logs import log_request
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
-from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
+from server.responses_api import ResponseStore
+from server.responses_api import router as responses_router
+from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                              TokenizeRequest, new_id, now, usage)
 from server.logprobs import CompletionLogprobs, chat_logprobs
 from server.streaming import chat_events, collect, completion_events, finish_reason, sse, started
@@ -42,6 +41,8 @@ def create_app(client: EngineClient, *, credentials: Credentials | None = None, 
     app.state.others = dict  # () -> served name -> another model's engine (app.py: engine.fleet's, by name)
     app.state.settings = Settings(credentials or Credentials(), limiter or UserLimiter(0), served_model_name, log_text,
                                   private_metrics)
+    app.state.responses = ResponseStore()
+    app.include_router(responses_router)  # before `router`, whose last route refuses every other /v1 path
     app.include_router(router)
     install_error_handlers(app)
     return app
@@ -203,42 +204,7 @@ async def unknown_api_route(request: Request):
     """Everything else under /v1 is the API's to refuse (in OpenAI's shape), even with the chat page
     mounted at / behind it: 405 for a route that exists under another method, else 404."""
     path = request.url.path
-    if any(getattr(route, "path", None) == path for route in router.routes if route.endpoint is not unknown_api_route):
+    if any(route.path_regex.match(path) for route in [*responses_router.routes, *router.routes]
+           if route.endpoint is not unknown_api_route):
         raise APIError(405, f"{request.method} is not allowed on {path}.", "invalid_request_error")
     raise APIError(404, f"No route {path}.", "invalid_request_error")
-
-
-# ---- helpers ------------------------------------------------------------------------------
-def render_chat(info: ModelInfo, body) -> list[int]:
-    chat = isinstance(body, ChatCompletionRequest)
-    plan, options = (body.tool_plan, body.template_options()) if chat else (None, {})
-    try:
-        return render(info.tokenizer, [m.as_dict() for m in body.messages], plan, **options)
-    except ParameterError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the template's own complaint is the clearest message
-        raise bad_request(f"the chat template rejected these messages: {e}", "messages") from None
-
-
-def sampling(info: ModelInfo, body: SamplingFields, ids: list[int]):
-    """SamplingParams for one prompt; max_tokens defaults to the room left in the context. A prompt
-    that leaves no room at all is refused by the engine (ContextLengthError)."""
-    refused = body.not_implemented()
-    if refused:
-        raise bad_request(f"`{refused}` is not supported by this server yet; leave it out of the request.", refused)
-    limit, wanted = info.max_model_len, body.requested_max_tokens()
-    if wanted is not None and len(ids) < limit < len(ids) + wanted:
-        raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
-                          f"{len(ids) + wanted} tokens ({len(ids)} in the prompt, {wanted} for the completion).",
-                          "max_tokens")
-    try:
-        return body.sampling_params(room=max(limit - len(ids), 1), defaults=info.sampling_defaults)
-    except ValueError as e:
-        raise bad_request(str(e), parameter_of(e)) from None
-
-
-def finish_logger(request: Request, prompt_len: int, prompt):
-    def on_finish(final) -> None:
-        log_request(getattr(request.state, "request_id", None), request.headers.get("x-session-id"), final,
-                    prompt_len, request.app.state.settings.log_text, prompt)
-    return on_finish

@@ -74,11 +74,26 @@ async def metrics(request: Request):
 
 @router.get("/v1/models", dependencies=guarded)
 async def models(request: Request):
+    return {"object": "list", "data": [model_card(name, i) for name, i in loaded_models(request).items()]}
+
+
+@router.get("/v1/models/{name:path}", dependencies=guarded)
+async def retrieve_model(name: str, request: Request):
+    loaded = loaded_models(request)
+    if name not in loaded:
+        serving(request, name or "(none)")  # 503 while it loads, else 404 naming the models served
+    return model_card(name, loaded[name])
+
+
+def loaded_models(request: Request) -> dict:
     info = model_info(request)
-    loaded = {served_name(request, info): info, **{name: c.info for name, c in request.app.state.others().items()
-                                                   if c.ready and c.info is not None}}
-    return {"object": "list", "data": [{"id": name, "object": "model", "created": now(), "owned_by": "pagedchat",
-                                        "max_model_len": i.max_model_len} for name, i in loaded.items()]}
+    return {served_name(request, info): info, **{name: c.info for name, c in request.app.state.others().items()
+                                                 if c.ready and c.info is not None}}
+
+
+def model_card(name: str, info) -> dict:
+    return {"id": name, "object": "model", "created": now(), "owned_by": "pagedchat",
+            "max_model_len": info.max_model_len}
 
 
 @router.post("/tokenize", dependencies=guarded)

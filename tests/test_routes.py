@@ -263,3 +263,11 @@ def test_masks_reach_the_engine(http, fake):
     params = fake.requests[-1]["params"]
     assert params.logit_bias == {42: 100.0, 7: -3.0} and params.allowed_token_ids == [1, 2, 42]
     assert params.bad_words == ["refund"]
+
+
+def test_a_model_is_retrieved_by_its_name(http):
+    card = http.get("/v1/models/fake-model").json()
+    assert card["id"] == "fake-model" and card["object"] == "model" and card["max_model_len"] == 512
+    for name in ("gpt-4o", ""):
+        r = http.get(f"/v1/models/{name}")
+        assert r.status_code == 404 and "`fake-model`" in r.json()["error"]["message"]

@@ -75,6 +75,9 @@ ALWAYS_INLINE void tile4(const struct job *j, int64_t b0, int m0, const int MR, 
         __m256i words[4][4][2];
         for (int m = 0; m < MR; m++)
             for (int b = 0; b < NB; b++) words[m][b][0] = words[m][b][1] = _mm256_setzero_si256();
+        /* unrolled, GCC keeps each sum in one register (rolled, it copied all six each step): one thread,
+         * 64 rows, AMD EPYC Zen 3, 66-73 -> 73-83 GMAC/s; 4-row tiles gain nothing more */
+#pragma GCC unroll 8
         for (int q = 8 * a; q < 8 * a + 8; q++)
             for (int b = 0; b < NB; b++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(packed + (b * (K / 4) + q) * 32));
@@ -115,6 +118,7 @@ ALWAYS_INLINE void tile8(const struct job *j, int64_t b0, int m0, const int MR, 
         __m256i dot[4][4][2];
         for (int m = 0; m < MR; m++)
             for (int b = 0; b < NB; b++) dot[m][b][0] = dot[m][b][1] = _mm256_setzero_si256();
+#pragma GCC unroll 8
         for (int q = 8 * a; q < 8 * a + 8; q++)
             for (int b = 0; b < NB; b++)
                 for (int h = 0; h < 2; h++) {

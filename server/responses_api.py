@@ -31,7 +31,9 @@ class Stored:
 
 
 class ResponseStore:
-    """The newest `keep` responses, in memory (the event loop's thread alone touches it)."""
+    """The newest `keep` responses, in memory (the event loop's thread alone touches it). Each is at
+    most a context's worth of text (its conversation was a prompt plus its reply, within max_model_len
+    tokens): ~100 KB at 8192 tokens, so the store stays within ~100 MB."""
 
     def __init__(self, keep: int = 1000) -> None:
         self.keep, self.items = keep, OrderedDict()

@@ -2,7 +2,6 @@
 SamplingParams, which validates their values (once, for every front). Nothing here touches the engine."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 import uuid
@@ -166,25 +165,6 @@ class SamplingFields(BaseModel):
             value = getattr(self, name)
             values[name] = defaults.get(name, default) if value is None else value
         return SamplingParams(**values)
-
-
-# SamplingParams fields that completion_fields does not send, and why (a test holds every other
-# field to reaching the engine pod).
-NOT_FORWARDED = {"n": "RemoteLLM refuses n > 1", "logprobs": "RemoteLLM refuses logprobs",
-                 "prompt_logprobs": "RemoteLLM refuses logprobs"}
-
-
-def completion_fields(p: SamplingParams) -> dict:
-    """The /v1/completions fields that make an engine pod sample as `p` does (server/remote.py): every
-    SamplingFields field SamplingParams shares, except NOT_FORWARDED, in the API's spelling."""
-    shared = {f.name for f in dataclasses.fields(SamplingParams) if f.init} - set(NOT_FORWARDED)
-    body = {name: getattr(p, name) for name in SamplingFields.model_fields if name in shared}
-    body["stop"] = p.stop_strings or None
-    body["stop_token_ids"] = p.stop_token_ids or None
-    body["logit_bias"] = {str(t): b for t, b in (p.logit_bias or {}).items()} or None
-    body["structured_outputs"] = ({k: v for k, v in vars(p.structured_outputs).items() if v is not None}
-                                  if p.structured_outputs else None)
-    return body
 
 
 class ChatCompletionRequest(SamplingFields):

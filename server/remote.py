@@ -9,6 +9,7 @@ blocks on the network. Closing a stream closes the HTTP response, which the pod 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -21,7 +22,26 @@ from engine.client import EngineDeadError, EngineOverloadedError, ModelInfo
 from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
 from server.limits import TooManyRequestsError
-from server.protocol import completion_fields
+from server.protocol import SamplingFields
+
+
+# SamplingParams fields that completion_fields does not send, and why (a test holds every other
+# field to reaching the engine pod).
+NOT_FORWARDED = {"n": "RemoteLLM refuses n > 1", "logprobs": "RemoteLLM refuses logprobs",
+                 "prompt_logprobs": "RemoteLLM refuses logprobs"}
+
+
+def completion_fields(p: SamplingParams) -> dict:
+    """The /v1/completions fields that make an engine pod sample as `p` does: every SamplingFields
+    field SamplingParams shares, except NOT_FORWARDED, in the API's spelling."""
+    shared = {f.name for f in dataclasses.fields(SamplingParams) if f.init} - set(NOT_FORWARDED)
+    body = {name: getattr(p, name) for name in SamplingFields.model_fields if name in shared}
+    body["stop"] = p.stop_strings or None
+    body["stop_token_ids"] = p.stop_token_ids or None
+    body["logit_bias"] = {str(t): b for t, b in (p.logit_bias or {}).items()} or None
+    body["structured_outputs"] = ({k: v for k, v in vars(p.structured_outputs).items() if v is not None}
+                                  if p.structured_outputs else None)
+    return body
 
 
 class RemoteLLM:

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from engine.sampling_params import SamplingParams
-from server.protocol import NOT_FORWARDED, CompletionRequest, completion_fields
+from server.protocol import CompletionRequest
+from server.remote import NOT_FORWARDED, completion_fields
 
 # Every SamplingParams field away from its default (NOT_FORWARDED ones aside).
 CHANGED = dict(temperature=0.7, top_p=0.8, top_k=12, min_p=0.05, max_tokens=33, min_tokens=2, stop=["END"],

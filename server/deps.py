@@ -45,9 +45,12 @@ def served_name(request: Request, info: ModelInfo) -> str:
 
 
 async def check_key(request: Request) -> None:
-    """Once the server has keys or logins, every call needs a key; its name is the caller's."""
+    """Once the server has keys or logins, every call needs a key (`Authorization: Bearer KEY`, or
+    `x-api-key: KEY`); its name is the caller's."""
     credentials = request.app.state.settings.credentials
-    request.state.key_name = credentials.key_name(request.headers.get("authorization"))
+    anthropic = request.headers.get("x-api-key")  # Anthropic's clients send the key so
+    request.state.key_name = credentials.key_name(request.headers.get("authorization")
+                                                  or (f"Bearer {anthropic}" if anthropic else None))
     if credentials.required and request.state.key_name is None:
         raise APIError(401, "missing or invalid API key (send `Authorization: Bearer KEY`)", "authentication_error",
                        code="invalid_api_key")

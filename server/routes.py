@@ -17,6 +17,7 @@ from server.deps import (Settings, check_key, engine_client, finish_logger, hold
 from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
+from server.anthropic_api import router as anthropic_router
 from server.responses_api import ResponseStore
 from server.responses_api import router as responses_router
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
@@ -43,6 +44,7 @@ def create_app(client: EngineClient, *, credentials: Credentials | None = None, 
                                   private_metrics)
     app.state.responses = ResponseStore()
     app.include_router(responses_router)  # before `router`, whose last route refuses every other /v1 path
+    app.include_router(anthropic_router)
     app.include_router(router)
     install_error_handlers(app)
     return app
@@ -219,7 +221,7 @@ async def unknown_api_route(request: Request):
     """Everything else under /v1 is the API's to refuse (in OpenAI's shape), even with the chat page
     mounted at / behind it: 405 for a route that exists under another method, else 404."""
     path = request.url.path
-    if any(route.path_regex.match(path) for route in [*responses_router.routes, *router.routes]
-           if route.endpoint is not unknown_api_route):
+    routes = [*responses_router.routes, *anthropic_router.routes, *router.routes]
+    if any(route.path_regex.match(path) for route in routes if route.endpoint is not unknown_api_route):
         raise APIError(405, f"{request.method} is not allowed on {path}.", "invalid_request_error")
     raise APIError(404, f"No route {path}.", "invalid_request_error")

@@ -31,15 +31,16 @@ ANTHROPIC_TYPES = {"invalid_request_error": "invalid_request_error", "authentica
                    "rate_limit_error": "rate_limit_error", "service_unavailable": "overloaded_error"}
 
 
-def shaped(request: Request, message: str, type_: str, param: str | None = None, code=None) -> dict:
-    """An error body in the shape of the API the request speaks: Anthropic's on /v1/messages, else OpenAI's."""
-    if request.url.path.startswith("/v1/messages"):
+def shaped(path: str, message: str, type_: str, param: str | None = None, code=None) -> dict:
+    """An error body in the shape of the API a request to `path` speaks: Anthropic's on /v1/messages,
+    else OpenAI's."""
+    if path.startswith("/v1/messages"):
         return {"type": "error", "error": {"type": ANTHROPIC_TYPES.get(type_, "api_error"), "message": message}}
     return error_body(message, type_, param, code)
 
 
 async def _api_error(request: Request, e: APIError):
-    return JSONResponse(shaped(request, e.message, e.type, e.param, e.code), status_code=e.status,
+    return JSONResponse(shaped(request.url.path, e.message, e.type, e.param, e.code), status_code=e.status,
                         headers={"Retry-After": "5"} if e.status == 503 else None)
 
 
@@ -47,44 +48,44 @@ async def _validation_error(request: Request, e: RequestValidationError):
     first = e.errors()[0] if e.errors() else {}
     if first.get("type") == "json_invalid":
         where = first.get("loc", ("body", "?"))[-1]
-        return JSONResponse(shaped(request, f"The request body is not valid JSON (error at character {where}: "
+        return JSONResponse(shaped(request.url.path, f"The request body is not valid JSON (error at character {where}: "
                                        f"{first.get('ctx', {}).get('error', 'parse error')}).",
                                        "invalid_request_error"), status_code=400)
     where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
     msg = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
                     for err in e.errors()[:5])
-    return JSONResponse(shaped(request, msg or "invalid request", "invalid_request_error", where), status_code=400)
+    return JSONResponse(shaped(request.url.path, msg or "invalid request", "invalid_request_error", where), status_code=400)
 
 
 async def _context_length(request: Request, e: ContextLengthError):
     param = "messages" if e.parameter == "prompt" and request.url.path.endswith("chat/completions") else e.parameter
-    return JSONResponse(shaped(request, str(e), "invalid_request_error", param), status_code=400)
+    return JSONResponse(shaped(request.url.path, str(e), "invalid_request_error", param), status_code=400)
 
 
 async def _overloaded(request: Request, e: EngineOverloadedError):
-    return JSONResponse(shaped(request, str(e), "service_unavailable", code="overloaded"), status_code=503,
+    return JSONResponse(shaped(request.url.path, str(e), "service_unavailable", code="overloaded"), status_code=503,
                         headers={"Retry-After": "1"})
 
 
 async def _too_many(request: Request, e: TooManyRequestsError):
-    return JSONResponse(shaped(request, str(e), "rate_limit_error", code="rate_limit_exceeded"), status_code=429,
+    return JSONResponse(shaped(request.url.path, str(e), "rate_limit_error", code="rate_limit_exceeded"), status_code=429,
                         headers={"Retry-After": str(e.retry_after)})
 
 
 async def _dead(request: Request, e: EngineDeadError):
-    return JSONResponse(shaped(request, str(e), "service_unavailable"), status_code=503, headers={"Retry-After": "5"})
+    return JSONResponse(shaped(request.url.path, str(e), "service_unavailable"), status_code=503, headers={"Retry-After": "5"})
 
 
 async def _http_error(request: Request, e: StarletteHTTPException):
     """404 and 405 in OpenAI's shape too."""
     message = {404: f"No route {request.url.path}.",
                405: f"{request.method} is not allowed on {request.url.path}."}.get(e.status_code, str(e.detail))
-    return JSONResponse(shaped(request, message, "invalid_request_error"), status_code=e.status_code,
+    return JSONResponse(shaped(request.url.path, message, "invalid_request_error"), status_code=e.status_code,
                         headers=getattr(e, "headers", None))
 
 
 async def _invalid(request: Request, e: ValueError):
-    return JSONResponse(shaped(request, str(e), "invalid_request_error", parameter_of(e)), status_code=400)
+    return JSONResponse(shaped(request.url.path, str(e), "invalid_request_error", parameter_of(e)), status_code=400)
 
 
 ERROR_HANDLERS = {APIError: _api_error, RequestValidationError: _validation_error, StarletteHTTPException: _http_error,

@@ -7,7 +7,8 @@ import json
 from http.cookies import SimpleCookie
 
 from server.auth import VISITOR_COOKIE, VisitorCookie
-from server.protocol import error_body, new_id
+from server.errors import shaped
+from server.protocol import new_id
 
 API_PATHS = ("/v1/", "/tokenize", "/detokenize")  # the Gradio UI mounted beside it has its own limits
 
@@ -40,7 +41,7 @@ class BodySizeLimitMiddleware:
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.limit:
-            return await self._refuse(send)
+            return await self._refuse(scope, send)
         seen, started = 0, False
 
         async def counted():
@@ -59,11 +60,11 @@ class BodySizeLimitMiddleware:
             await self.app(scope, counted, watched)
         except _TooLarge:
             if not started:
-                await self._refuse(send)
+                await self._refuse(scope, send)
 
-    async def _refuse(self, send) -> None:
-        body = json.dumps(error_body(f"The request body is over the server's limit of {self.limit} bytes.",
-                                     "invalid_request_error", code="request_too_large")).encode()
+    async def _refuse(self, scope, send) -> None:
+        body = json.dumps(shaped(scope["path"], f"The request body is over the server's limit of {self.limit} bytes.",
+                                 "invalid_request_error", code="request_too_large")).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

@@ -202,3 +202,10 @@ def test_the_real_model_answers_through_the_anthropic_client(live):
         final = stream.get_final_message()
     assert text == final.content[0].text == first.content[0].text
     assert live.llm.run_on_engine_thread(lambda eng: eng.get_stats().kv_blocks_used) == 0
+
+
+def test_a_body_over_the_limit_is_refused_in_anthropics_shape(smol_tokenizer):
+    http = TestClient(create_app(FakeEngineClient(smol_tokenizer), max_request_bytes=2000))
+    r = http.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": "x" * 5000}]})
+    assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "limit of 2000 bytes" in r.json()["error"]["message"]

@@ -1,24 +1,21 @@
 """Fast tier: /v1/messages (Anthropic's Messages API) against a fake EngineClient, through the official
 `anthropic` client: the prompt a request renders, the message and its event stream, tool use and
-tool results, token counting, keys in x-api-key, and refusals in Anthropic's error shape."""
+tool results, token counting, keys in x-api-key, and refusals in Anthropic's error shape (the real
+model through it: tests/test_openai_outputs.py)."""
 import json
 
 import anthropic
 import pytest
 from fastapi.testclient import TestClient
 
-from engine import EngineConfig
-from engine.async_llm import AsyncLLM
 from engine.tools import call_text
 from server.auth import Credentials
 from server.routes import create_app
 from tests.fakes import FakeEngineClient
-from tests.serving import LiveServer
 
 WEATHER = [{"name": "get_weather", "description": "Today's weather in a city.",
             "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
 CALL = call_text("get_weather", {"city": "Paris"})
-MODEL = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture
@@ -168,40 +165,6 @@ def test_bad_requests_are_refused_in_anthropics_shape(scripted, body, words):
     assert r.json()["error"]["type"] in ("invalid_request_error", "not_found_error")
     assert fake.requests == []
     assert http.post("/v1/chat/completions", json={"messages": []}).json()["error"]["type"] == "invalid_request_error"
-
-
-@pytest.fixture(scope="module")
-def live():
-    with LiveServer(AsyncLLM(EngineConfig(dtype="float32", quantization="none", num_kv_blocks=256,
-                                          max_model_len=1024))) as server:
-        yield server
-
-
-@pytest.mark.e2e
-def test_the_real_model_answers_through_the_anthropic_client(live):
-    """On the real model: the same greedy reply as the chat route, a repeated conversation read from
-    the prefix cache (Anthropic's cache_read_input_tokens), and the stream equal to the whole."""
-    import openai
-
-    client = anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0, timeout=120)
-    ask = [{"role": "user", "content": "My parcel NW20481377 is late. What should I do?"}]
-    greedy = {"temperature": 0}
-    first = client.messages.create(model=MODEL, max_tokens=30, system="You are a shop's support agent.",
-                                   messages=ask, extra_body=greedy)
-    chat = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0).chat.completions.create(
-        model=MODEL, max_tokens=30, temperature=0,
-        messages=[{"role": "system", "content": "You are a shop's support agent."}, *ask])
-    assert first.content[0].text == chat.choices[0].message.content
-    assert first.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[chat.choices[0].finish_reason]
-    again = client.messages.create(model=MODEL, max_tokens=30, system="You are a shop's support agent.",
-                                   messages=ask, extra_body=greedy)
-    assert again.usage.cache_read_input_tokens >= 16 and again.content[0].text == first.content[0].text
-    with client.messages.stream(model=MODEL, max_tokens=30, system="You are a shop's support agent.",
-                                messages=ask, extra_body=greedy) as stream:
-        text = "".join(stream.text_stream)
-        final = stream.get_final_message()
-    assert text == final.content[0].text == first.content[0].text
-    assert live.llm.run_on_engine_thread(lambda eng: eng.get_stats().kv_blocks_used) == 0
 
 
 def test_a_body_over_the_limit_is_refused_in_anthropics_shape(smol_tokenizer):

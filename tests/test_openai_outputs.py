@@ -1,7 +1,9 @@
 """Log probabilities, structured outputs and logit masks through the official `openai` client against
-a live server on the real model, streaming and not."""
+a live server on the real model, streaming and not; the Responses API, and Anthropic's Messages API
+through the official `anthropic` client."""
 import json
 
+import anthropic
 import openai
 import pytest
 
@@ -163,4 +165,24 @@ def test_responses_continue_a_conversation_from_the_cache_as_the_chat_route_woul
     whole = client.responses.create(model=model(client), input=QUESTION[0]["content"], temperature=0,
                                     max_output_tokens=200)
     assert final.status == whole.status == "completed" and "".join(deltas) == final.output_text == whole.output_text
+    assert live.llm.run_on_engine_thread(lambda eng: eng.get_stats().kv_blocks_used) == 0
+
+
+def test_the_real_model_answers_through_the_anthropic_client(client, live):
+    """Anthropic's Messages API on the real model: the same greedy reply as the chat route, a repeated
+    conversation read from the prefix cache (cache_read_input_tokens), and the stream equal to the whole."""
+    claude = anthropic.Anthropic(base_url=live.url, api_key="unused", max_retries=0, timeout=120)
+    agent, greedy = "You are a shop's support agent.", {"temperature": 0}
+    first = claude.messages.create(model=model(client), max_tokens=30, system=agent, messages=QUESTION,
+                                   extra_body=greedy)
+    chat = client.chat.completions.create(model=model(client), max_tokens=30, temperature=0,
+                                          messages=[{"role": "system", "content": agent}, *QUESTION])
+    assert first.content[0].text == chat.choices[0].message.content
+    assert first.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[chat.choices[0].finish_reason]
+    with claude.messages.stream(model=model(client), max_tokens=30, system=agent, messages=QUESTION,
+                                extra_body=greedy) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == final.content[0].text == first.content[0].text
+    assert final.usage.cache_read_input_tokens >= 16  # the requests before it had the same prompt
     assert live.llm.run_on_engine_thread(lambda eng: eng.get_stats().kv_blocks_used) == 0

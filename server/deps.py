@@ -1,6 +1,6 @@
 """What every API route shares: the app's settings, the FastAPI dependencies that find the
 engine a request names, check its key and hold its place under the per-user cap, and a chat
-request's prompt and sampling parameters (the chat and Responses routes both make them)."""
+request's prompt and sampling parameters (the chat, Responses and Messages routes all make them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -48,11 +48,11 @@ async def check_key(request: Request) -> None:
     """Once the server has keys or logins, every call needs a key (`Authorization: Bearer KEY`, or
     `x-api-key: KEY`); its name is the caller's."""
     credentials = request.app.state.settings.credentials
-    anthropic = request.headers.get("x-api-key")  # Anthropic's clients send the key so
+    anthropic = request.headers.get("x-api-key")  # how Anthropic's clients send it
     request.state.key_name = credentials.key_name(request.headers.get("authorization")
                                                   or (f"Bearer {anthropic}" if anthropic else None))
     if credentials.required and request.state.key_name is None:
-        raise APIError(401, "missing or invalid API key (send `Authorization: Bearer KEY`)", "authentication_error",
+        raise APIError(401, "missing or invalid API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)", "authentication_error",
                        code="invalid_api_key")
 
 

@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize,
-/detokenize, /health, /metrics (and /v1/responses, server/responses_api.py). Handlers are thin: they validate, render the prompt, and hand the
+/detokenize, /health, /metrics (and /v1/responses in server/responses_api.py, Anthropic's /v1/messages
+in server/anthropic_api.py). Handlers are thin: they validate, render the prompt, and hand the
 request to whatever EngineClient the app was built with (in-process or remote)."""
 from __future__ import annotations
 
@@ -11,18 +12,18 @@ from fastapi.responses import JSONResponse, Response
 from engine.client import EngineClient
 from engine.metrics import merge_expositions
 from engine.tool_calls import parse_reply
+from server.anthropic_api import router as anthropic_router
 from server.auth import Credentials
 from server.deps import (Settings, check_key, engine_client, finish_logger, holding, model_info, render_chat,
                          sampling, served_name, serving, take_slot)
 from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
-from server.anthropic_api import router as anthropic_router
-from server.responses_api import ResponseStore
-from server.responses_api import router as responses_router
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                              TokenizeRequest, new_id, now, usage)
 from server.logprobs import CompletionLogprobs, chat_logprobs
+from server.responses_api import ResponseStore
+from server.responses_api import router as responses_router
 from server.streaming import chat_events, collect, completion_events, finish_reason, sse, started
 
 PROMETHEUS = "text/plain; version=0.0.4"

@@ -61,7 +61,9 @@ class StreamOptions(BaseModel):
 # else is refused by name rather than silently ignored.
 NOT_IMPLEMENTED = {"functions": (None, []),
                    "function_call": (None, "none"), "suffix": (None, ""), "best_of": (None, 1),
-                   "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,)}
+                   "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+                   "modalities": (None, ["text"]), "audio": (None,), "web_search_options": (None,),
+                   "reasoning_effort": (None,)}
 
 
 class ResponseFormat(BaseModel):

@@ -168,6 +168,8 @@ def test_the_models_sampling_defaults_fill_what_a_request_leaves_out(fake, smol_
     ("/v1/chat/completions", "functions", [{"name": "refund"}]),
     ("/v1/chat/completions", "function_call", "auto"), ("/v1/chat/completions", "guided_json", {"type": "object"}),
     ("/v1/completions", "suffix", "!"), ("/v1/completions", "best_of", 3),
+    ("/v1/chat/completions", "modalities", ["text", "audio"]), ("/v1/chat/completions", "web_search_options", {}),
+    ("/v1/chat/completions", "reasoning_effort", "high"),
 ])
 def test_fields_not_implemented_are_refused_by_name(http, fake, path, field, value):
     body = {"messages": HELLO} if "chat" in path else {"prompt": "Hi"}

@@ -6,38 +6,30 @@ come in Anthropic's shape (server/errors.py)."""
 from __future__ import annotations
 
 import asyncio
-import json
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
 
-from engine.client import EngineDeadError, EngineOverloadedError, ModelInfo
+from engine.client import ModelInfo
 from engine.tool_calls import ToolCallParser
 from server.anthropic_items import (CountTokensRequest, MessagesRequest, message_id, reply_blocks, stop_of,
                                    usage)
-from server.deps import check_key, finish_logger, holding, render_chat, sampling, serving, take_slot
-from server.streaming import collect, finish_reason, started
+from server.deps import check_key, finish_logger, generation, prepare_chat, render_chat, serving
+from server.streaming import collect, finish_reason, sse, started
 
 router = APIRouter(dependencies=[Depends(check_key)])
 
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request):
-    refused = body.refused()
-    if refused:
-        raise refused
     chat = body.chat_request()
-    client, info, name = serving(request, chat.model)
-    ids = await asyncio.to_thread(render_chat, info, chat)
-    params = sampling(info, chat, ids)
+    client, info, name, ids, params = await prepare_chat(request, chat)
     tools = chat.tool_plan is not None and chat.tool_plan.grammar is not None
     mid = message_id()
     on_finish = finish_logger(request, len(ids), chat.messages)
-    release = take_slot(request)
-    stream = holding(client.generate(ids, params, request_id=mid, session_id=request.headers.get("x-session-id")),
-                     release)
+    stream = generation(request, client, ids, params, mid, chat)
     if body.stream:
-        return sse(message_events(await started(stream), mid, name, info, tools, on_finish))
+        return sse(message_events(await started(stream), mid, name, info, tools, on_finish), stream_failure,
+                   typed=True)
     final = await collect(stream, request)
     on_finish(final)
     out = final.outputs[0]
@@ -49,9 +41,6 @@ async def create_message(body: MessagesRequest, request: Request):
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request):
-    refused = body.refused()
-    if refused:
-        raise refused
     chat = body.chat_request()
     _, info, _ = serving(request, chat.model)
     return {"input_tokens": len(await asyncio.to_thread(render_chat, info, chat))}
@@ -117,13 +106,5 @@ async def message_events(stream, mid: str, model: str, info: ModelInfo, tools: b
         yield {"type": "message_stop"}
 
 
-def sse(events) -> StreamingResponse:
-    """Anthropic's framing: each event's type on its `event:` line; a failure mid-stream is an error event."""
-    async def body():
-        try:
-            async for event in events:
-                yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-        except (EngineDeadError, EngineOverloadedError, ValueError) as e:
-            error = {"type": "error", "error": {"type": "overloaded_error", "message": str(e)}}
-            yield f"event: error\ndata: {json.dumps(error)}\n\n"
-    return StreamingResponse(body(), media_type="text/event-stream")
+def stream_failure(message: str) -> dict:
+    return {"type": "error", "error": {"type": "overloaded_error", "message": message}}

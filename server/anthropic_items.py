@@ -13,9 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import ParameterError
 from engine.tool_calls import ToolCall, ToolCallParser
-from server.protocol import ChatCompletionRequest
+from server.protocol import ChatCompletionRequest, joined_text, string_field
 
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+TEXT = {"text": "text"}  # text blocks, joined by newlines (each block is a paragraph of its own)
 
 
 def message_id() -> str:
@@ -40,21 +41,23 @@ class MessagesRequest(BaseModel):
     thinking: dict | None = None
     output_config: dict | None = None  # {"format": {"type": "json_schema", "schema": {...}}}
 
-    def refused(self) -> ParameterError | None:
+    def check(self) -> None:
+        """ParameterError for what this request asks that this server does not do, by name."""
         if self.thinking and self.thinking.get("type") not in (None, "disabled"):
-            return ParameterError("this model does not think: leave `thinking` out (or set its type to disabled).",
-                                  "thinking")
+            raise ParameterError("this model does not think: leave `thinking` out (or set its type to disabled).",
+                                 "thinking")
         if (self.output_config or {}).get("effort") is not None:
-            return ParameterError("this model does not reason: leave output_config.effort out.", "output_config.effort")
+            raise ParameterError("this model does not reason: leave output_config.effort out.",
+                                 "output_config.effort")
         # cache_control: prefixes are cached whether marked or not
         unknown = sorted(set(self.model_extra or {}) - {"service_tier", "cache_control"})
         if unknown:
-            return ParameterError(f"`{unknown[0]}` is not supported by this server; leave it out of the request.",
-                                  unknown[0])
-        return None
+            raise ParameterError(f"`{unknown[0]}` is not supported by this server; leave it out of the request.",
+                                 unknown[0])
 
     def chat_request(self) -> ChatCompletionRequest:
-        system = _text(self.system, "system") if self.system is not None else None
+        self.check()
+        system = joined_text(self.system, "system", TEXT, "\n") if self.system is not None else None
         messages = ([{"role": "system", "content": system}] if system else []) + chat_messages(self.messages)
         choice = self.tool_choice or {}
         kind = choice.get("type", "auto")
@@ -110,23 +113,24 @@ def chat_messages(messages: list[dict]) -> list[dict]:
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             elif kind == "tool_use" and role == "assistant":
-                call_id, name = _string(block, "id", at), _string(block, "name", at)
+                call_id, name = string_field(block, "id", at), string_field(block, "name", at)
                 arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
-                tool_calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+                tool_calls.append({"id": call_id, "type": "function",
+                                   "function": {"name": name, "arguments": arguments}})
                 calls.add(call_id)
             elif kind == "tool_result" and role == "user":
-                call_id = _string(block, "tool_use_id", at)
+                call_id = string_field(block, "tool_use_id", at)
                 if call_id not in calls:
                     raise ParameterError(f"{at}.tool_use_id {call_id!r} answers no tool_use block before it.",
                                          f"{at}.tool_use_id")
-                result = _text(block.get("content", ""), f"{at}.content")
+                result = joined_text(block.get("content", ""), f"{at}.content", TEXT, "\n")
                 out.append({"role": "tool", "tool_call_id": call_id,
                             "content": f"Error: {result}" if block.get("is_error") else result})
             else:
                 raise ParameterError(f"{at}: a {role} message cannot hold a block of type {kind!r} here (this model "
                                      "reads text; tool_use goes in assistant turns, tool_result in user turns).", at)
         if texts or tool_calls or not blocks:
-            message = {"role": role, "content": "".join(texts)}
+            message = {"role": role, "content": "\n".join(texts)}
             if tool_calls:
                 message["tool_calls"] = tool_calls
             out.append(message)
@@ -146,29 +150,6 @@ def chat_tools(tools: list | None) -> list | None:
         out.append({"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
                                                      "parameters": tool.get("input_schema")}})
     return out
-
-
-def _string(block: dict, key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise ParameterError(f"{where}.{key} must be a string.", f"{where}.{key}")
-    return value
-
-
-def _text(content: object, where: str) -> str:
-    """A string, or text blocks, as one string."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ParameterError(f"{where} must be a string or a list of text blocks.", where)
-    texts = []
-    for j, block in enumerate(content):
-        if not (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)):
-            kind = block.get("type") if isinstance(block, dict) else None
-            raise ParameterError(f"this model reads text only; a block of type {kind!r} cannot be read.",
-                                 f"{where}[{j}]")
-        texts.append(block["text"])
-    return "\n".join(texts)
 
 
 # ---- a reply -> the message ---------------------------------------------------------------------

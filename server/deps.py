@@ -3,6 +3,7 @@ engine a request names, check its key and hold its place under the per-user cap,
 request's prompt and sampling parameters (the chat, Responses and Messages routes all make them)."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -52,7 +53,8 @@ async def check_key(request: Request) -> None:
     request.state.key_name = credentials.key_name(request.headers.get("authorization")
                                                   or (f"Bearer {anthropic}" if anthropic else None))
     if credentials.required and request.state.key_name is None:
-        raise APIError(401, "missing or invalid API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)", "authentication_error",
+        raise APIError(401, "missing or invalid API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)",
+                       "authentication_error",
                        code="invalid_api_key")
 
 
@@ -127,3 +129,19 @@ def finish_logger(request: Request, prompt_len: int, prompt):
         log_request(getattr(request.state, "request_id", None), request.headers.get("x-session-id"), final,
                     prompt_len, request.app.state.settings.log_text, prompt)
     return on_finish
+
+
+async def prepare_chat(request: Request, chat: ChatCompletionRequest):
+    """(engine, its model's facts, the served name, prompt ids, SamplingParams) of a chat request."""
+    client, info, name = serving(request, chat.model)
+    ids = await asyncio.to_thread(render_chat, info, chat)
+    return client, info, name, ids, sampling(info, chat, ids)
+
+
+def generation(request: Request, client: EngineClient, ids: list[int], params, request_id: str,
+               chat: ChatCompletionRequest):
+    """The engine's stream for a chat request, holding the caller's slot under the per-user cap until it ends."""
+    release = take_slot(request)
+    return holding(client.generate(ids, params, request_id=request_id, priority=chat.priority,
+                                   session_id=request.headers.get("x-session-id"), cache_salt=chat.cache_salt),
+                   release)

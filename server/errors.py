@@ -54,7 +54,8 @@ async def _validation_error(request: Request, e: RequestValidationError):
     where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
     msg = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
                     for err in e.errors()[:5])
-    return JSONResponse(shaped(request.url.path, msg or "invalid request", "invalid_request_error", where), status_code=400)
+    return JSONResponse(shaped(request.url.path, msg or "invalid request", "invalid_request_error", where),
+                        status_code=400)
 
 
 async def _context_length(request: Request, e: ContextLengthError):
@@ -68,12 +69,14 @@ async def _overloaded(request: Request, e: EngineOverloadedError):
 
 
 async def _too_many(request: Request, e: TooManyRequestsError):
-    return JSONResponse(shaped(request.url.path, str(e), "rate_limit_error", code="rate_limit_exceeded"), status_code=429,
+    return JSONResponse(shaped(request.url.path, str(e), "rate_limit_error", code="rate_limit_exceeded"),
+                        status_code=429,
                         headers={"Retry-After": str(e.retry_after)})
 
 
 async def _dead(request: Request, e: EngineDeadError):
-    return JSONResponse(shaped(request.url.path, str(e), "service_unavailable"), status_code=503, headers={"Retry-After": "5"})
+    return JSONResponse(shaped(request.url.path, str(e), "service_unavailable"), status_code=503,
+                        headers={"Retry-After": "5"})
 
 
 async def _http_error(request: Request, e: StarletteHTTPException):

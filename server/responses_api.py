@@ -8,18 +8,17 @@ continues a conversation without resending it (its prompt is then a prefix-cache
 restart forgets them (404 naming the id)."""
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, Request
 
-from server.deps import check_key, finish_logger, holding, render_chat, sampling, serving, take_slot
+from server.deps import check_key, finish_logger, generation, prepare_chat
 from server.errors import APIError
 from server.protocol import now
 from server.responses_items import ResponsesRequest, input_messages, item_id, known_calls
-from server.responses_stream import finished_response, response_events, sse_events
-from server.streaming import collect, finish_reason, started
+from server.responses_stream import finished_response, response_events, stream_failure
+from server.streaming import collect, finish_reason, sse, started
 
 
 @dataclass
@@ -61,17 +60,13 @@ router = APIRouter(dependencies=[Depends(check_key)])
 
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request):
-    refused = body.refused()
-    if refused:
-        raise refused
+    body.check()
     store: ResponseStore = request.app.state.responses
     owner = request.state.key_name
     history = (store.get(body.previous_response_id, owner, "previous_response_id").conversation
                if body.previous_response_id else [])
     chat = body.chat_request(history)
-    client, info, name = serving(request, chat.model)
-    ids = await asyncio.to_thread(render_chat, info, chat)
-    params = sampling(info, chat, ids)
+    client, info, name, ids, params = await prepare_chat(request, chat)
     tools = chat.tool_plan is not None and chat.tool_plan.grammar is not None
     rid = item_id("resp")
     base = {"id": rid, "object": "response", "created_at": now(), "model": name,
@@ -84,13 +79,10 @@ async def create_response(body: ResponsesRequest, request: Request):
             store.put(Stored(owner, response, input_items(body.input), conversation))
 
     on_finish = finish_logger(request, len(ids), chat.messages)
-    release = take_slot(request)
-    stream = holding(client.generate(ids, params, request_id=rid, priority=chat.priority,
-                                     session_id=request.headers.get("x-session-id"), cache_salt=chat.cache_salt),
-                     release)
+    stream = generation(request, client, ids, params, rid, chat)
     if body.stream:
-        return sse_events(response_events(await started(stream), base, info, tools, params.logprobs,
-                                          on_finish, keep))
+        return sse(response_events(await started(stream), base, info, tools, params.logprobs, on_finish, keep),
+                   stream_failure, typed=True)
     final = await collect(stream, request)
     on_finish(final)
     finish_reason(final.outputs[0], final.error)  # an engine failure is a 500 saying why
@@ -140,5 +132,6 @@ def input_items(input: str | list[dict]) -> list[dict]:
         if kind == "message" and isinstance(item.get("content"), str):
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             item = {**item, "content": [{"type": part, "text": item["content"]}]}
-        items.append({**item, "type": kind, "id": item.get("id") or item_id("fc" if kind == "function_call" else "msg")})
+        made = item_id("fc" if kind == "function_call" else "msg")
+        items.append({**item, "type": kind, "id": item.get("id") or made})
     return items

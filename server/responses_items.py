@@ -11,9 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import ParameterError
 from engine.tool_calls import ToolCall
-from server.protocol import ChatCompletionRequest, ResponseFormat, SamplingFields
+from server.protocol import ChatCompletionRequest, ResponseFormat, SamplingFields, joined_text, string_field
 
-TEXT_PARTS = ("input_text", "output_text", "text")
+TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 LOGPROBS = "message.output_text.logprobs"  # the one `include` value this server has something for
 # SamplingFields that the Responses API names otherwise (or not at all): not passed on as they are.
 RENAMED = {"n", "stream", "stream_options", "response_format", "max_tokens"}
@@ -63,23 +63,23 @@ class ResponsesRequest(SamplingFields):
     background: bool | None = None
     reasoning: dict | None = None
 
-    def refused(self) -> ParameterError | None:
-        """What this request asks for that this server does not do, by name."""
+    def check(self) -> None:
+        """ParameterError for what this request asks that this server does not do, by name."""
         if self.background:
-            return ParameterError("background responses are not supported by this server; leave `background` out "
-                                  "(or stream the response).", "background")
+            raise ParameterError("background responses are not supported by this server; leave `background` out "
+                                 "(or stream the response).", "background")
         if self.truncation == "auto":
-            return ParameterError("truncation \"auto\" is not supported: a conversation longer than the context is "
-                                  "refused with the lengths; send truncation \"disabled\" or fewer items.", "truncation")
+            raise ParameterError("truncation \"auto\" is not supported: a conversation longer than the context is "
+                                 "refused with the lengths; send truncation \"disabled\" or fewer items.",
+                                 "truncation")
         if self.reasoning and any(v is not None for v in self.reasoning.values()):
-            return ParameterError("this model does not reason: leave `reasoning` out.", "reasoning")
+            raise ParameterError("this model does not reason: leave `reasoning` out.", "reasoning")
         if self.n != 1:
-            return ParameterError("the Responses API makes one output; for n samples use /v1/chat/completions.", "n")
+            raise ParameterError("the Responses API makes one output; for n samples use /v1/chat/completions.", "n")
         other = sorted(set(self.include or []) - {LOGPROBS})
         if other:
-            return ParameterError(f"include: {', '.join(other)} is not supported; this server can include only "
-                                  f"{LOGPROBS}.", "include")
-        return None
+            raise ParameterError(f"include: {', '.join(other)} is not supported; this server can include only "
+                                 f"{LOGPROBS}.", "include")
 
     def chat_request(self, history: list[dict]) -> ChatCompletionRequest:
         """The same request on the chat route: `instructions` as the first system message (never carried
@@ -89,7 +89,8 @@ class ResponsesRequest(SamplingFields):
         if not messages:
             raise ParameterError("input is empty: give the user's message.", "input")
         fields = self.model_dump(include=set(SamplingFields.model_fields) - RENAMED, exclude_unset=True)
-        fields.update({k: v for k, v in (self.model_extra or {}).items() if k not in ChatCompletionRequest.model_fields})
+        extra = self.model_extra or {}
+        fields.update({k: v for k, v in extra.items() if k not in ChatCompletionRequest.model_fields})
         wants_logprobs = LOGPROBS in (self.include or [])
         try:
             return ChatCompletionRequest(
@@ -130,20 +131,22 @@ def input_messages(input: str | list[dict], calls: set[str] | None = None) -> li
             if role not in ("user", "system", "developer", "assistant"):
                 raise ParameterError(f"{where}.role must be user, system, developer or assistant, got {role!r}.",
                                      f"{where}.role")
-            out.append({"role": role, "content": _text(item.get("content"), f"{where}.content")})
+            out.append({"role": role, "content": joined_text(item.get("content"), f"{where}.content", TEXT_PARTS)})
         elif kind == "function_call":
-            call = {"id": _string(item, "call_id", where), "type": "function",
-                    "function": {"name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}}
+            call = {"id": string_field(item, "call_id", where), "type": "function",
+                    "function": {"name": string_field(item, "name", where),
+                                 "arguments": string_field(item, "arguments", where)}}
             if not (out and out[-1]["role"] == "assistant"):
                 out.append({"role": "assistant", "content": ""})
             out[-1].setdefault("tool_calls", []).append(call)
             calls.add(call["id"])
         elif kind == "function_call_output":
-            call_id = _string(item, "call_id", where)
+            call_id = string_field(item, "call_id", where)
             if call_id not in calls:
                 raise ParameterError(f"{where}.call_id {call_id!r} answers no function call made before it (in this "
                                      "input or the previous response).", f"{where}.call_id")
-            out.append({"role": "tool", "tool_call_id": call_id, "content": _text(item.get("output"), f"{where}.output")})
+            output = joined_text(item.get("output"), f"{where}.output", TEXT_PARTS)
+            out.append({"role": "tool", "tool_call_id": call_id, "content": output})
         else:
             raise ParameterError(f"{where}: items of type {kind!r} are not supported; send messages, function_call "
                                  "and function_call_output items.", f"{where}.type")
@@ -152,32 +155,6 @@ def input_messages(input: str | list[dict], calls: set[str] | None = None) -> li
 
 def known_calls(messages: list[dict]) -> set[str]:
     return {call["id"] for m in messages for call in m.get("tool_calls") or []}
-
-
-def _string(item: dict, key: str, where: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise ParameterError(f"{where}.{key} must be a string.", f"{where}.{key}")
-    return value
-
-
-def _text(content: object, where: str) -> str:
-    """A message's content (a string, or text parts) as one string; another kind of part is refused."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ParameterError(f"{where} must be a string or a list of input_text parts.", where)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in TEXT_PARTS + ("refusal",):
-            raise ParameterError(f"this model reads text only; a content part of type {kind!r} cannot be read.",
-                                 f"{where}[{j}]")
-        text = part.get("refusal" if kind == "refusal" else "text")
-        if not isinstance(text, str):
-            raise ParameterError(f"{where}[{j}] needs its text.", f"{where}[{j}]")
-        texts.append(text)
-    return "".join(texts)
 
 
 # ---- tools: the Responses shape (flat) <-> the chat shape -----------------------------------

@@ -3,12 +3,9 @@
 response.completed), both read from the reply the same way (engine/tool_calls.py's parser)."""
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 
-from fastapi.responses import StreamingResponse
-
-from engine.client import EngineDeadError, EngineOverloadedError, ModelInfo
+from engine.client import ModelInfo
 from engine.tool_calls import ToolCall, ToolCallParser
 from server.logprobs import chat_logprobs
 from server.responses_items import call_item, item_id, message_item, status_of, usage
@@ -156,14 +153,6 @@ async def response_events(stream, base: dict, info: ModelInfo, tools: bool, top_
                            response=whole)
 
 
-def sse_events(events: AsyncIterator[dict]) -> StreamingResponse:
-    """Server-sent events with their type on the `event:` line, as OpenAI sends them (no [DONE])."""
-    async def body():
-        try:
-            async for event in events:
-                yield f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
-        except (EngineDeadError, EngineOverloadedError, ValueError) as e:
-            error = {"type": "error", "code": "service_unavailable", "message": str(e), "param": None,
-                     "sequence_number": -1}
-            yield f"event: error\ndata: {json.dumps(error)}\n\n"
-    return StreamingResponse(body(), media_type="text/event-stream")
+def stream_failure(message: str) -> dict:
+    """The event that ends a stream the engine failed (it died, or refused mid-way)."""
+    return {"type": "error", "code": "service_unavailable", "message": message, "param": None, "sequence_number": -1}

@@ -14,8 +14,8 @@ from engine.metrics import merge_expositions
 from engine.tool_calls import parse_reply
 from server.anthropic_api import router as anthropic_router
 from server.auth import Credentials
-from server.deps import (Settings, check_key, engine_client, finish_logger, holding, model_info, render_chat,
-                         sampling, served_name, serving, take_slot)
+from server.deps import (Settings, check_key, engine_client, finish_logger, generation, holding, model_info,
+                         prepare_chat, render_chat, sampling, served_name, serving, take_slot)
 from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
@@ -121,16 +121,11 @@ async def detokenize(body: DetokenizeRequest, request: Request):
 
 @router.post("/v1/chat/completions", dependencies=guarded)
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    client, info, name = serving(request, body.model)
-    ids = await asyncio.to_thread(render_chat, info, body)
-    params = sampling(info, body, ids)
+    client, info, name, ids, params = await prepare_chat(request, body)
     tools = body.tool_plan is not None and body.tool_plan.grammar is not None
     rid, created = new_id("chatcmpl"), now()
     on_finish = finish_logger(request, len(ids), body.messages)
-    release = take_slot(request)
-    stream = holding(client.generate(ids, params, request_id=rid, priority=body.priority,
-                                     session_id=request.headers.get("x-session-id"), cache_salt=body.cache_salt),
-                     release)
+    stream = generation(request, client, ids, params, rid, body)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse(chat_events(await started(stream), rid, name, created, len(ids), include_usage,

@@ -62,14 +62,24 @@ async def started(stream: AsyncIterator) -> AsyncIterator:
     return chained()
 
 
-def sse(events: AsyncIterator[dict]) -> StreamingResponse:
+def sse(events: AsyncIterator[dict], failure: Callable[[str], dict] | None = None,
+        typed: bool = False) -> StreamingResponse:
+    """Server-sent events: OpenAI's chat and completions framing (`data:` lines, then [DONE]), or with
+    `typed` each event's type on an `event:` line and no [DONE] (the Responses and Messages APIs).
+    failure(message): the event that ends a stream the engine failed mid-way."""
+    failure = failure or (lambda message: error_body(message, "service_unavailable"))
+
+    def frame(event: dict) -> str:
+        return (f"event: {event['type']}\n" if typed else "") + f"data: {json.dumps(event)}\n\n"
+
     async def body():
         try:
             async for event in events:
-                yield f"data: {json.dumps(event)}\n\n"
+                yield frame(event)
         except (EngineDeadError, EngineOverloadedError, ValueError) as e:
-            yield f"data: {json.dumps(error_body(str(e), 'service_unavailable'))}\n\n"
-        yield "data: [DONE]\n\n"
+            yield frame(failure(str(e)))
+        if not typed:
+            yield "data: [DONE]\n\n"
     return StreamingResponse(body(), media_type="text/event-stream")
 
 

@@ -128,3 +128,14 @@ async def press_stop(turn) -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await pending
     await turn.aclose()
+
+
+def serving_replies(tokenizer, *replies: str):
+    """(a fake engine that answers `replies` in turn, a TestClient of the API routes over it)."""
+    from fastapi.testclient import TestClient
+
+    from server.routes import create_app
+
+    fake = FakeEngineClient(tokenizer, max_model_len=2048)
+    fake.next_replies = list(replies)
+    return fake, TestClient(create_app(fake))

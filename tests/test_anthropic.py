@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from engine.tools import call_text
 from server.auth import Credentials
 from server.routes import create_app
-from tests.fakes import FakeEngineClient
+from tests.fakes import FakeEngineClient, serving_replies
 
 WEATHER = [{"name": "get_weather", "description": "Today's weather in a city.",
             "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -20,10 +20,8 @@ CALL = call_text("get_weather", {"city": "Paris"})
 
 @pytest.fixture
 def scripted(smol_tokenizer):
-    def make(*replies: str, **app_options):
-        fake = FakeEngineClient(smol_tokenizer, max_model_len=2048)
-        fake.next_replies = list(replies)
-        http = TestClient(create_app(fake, **app_options))
+    def make(*replies: str):
+        fake, http = serving_replies(smol_tokenizer, *replies)
         return fake, http, anthropic.Anthropic(base_url="http://testserver", api_key="x", http_client=http,
                                                max_retries=0)
     return make
@@ -45,7 +43,8 @@ def test_a_message_renders_the_chat_template_and_answers_in_anthropics_shape(scr
     fake, _, client = scripted("Your parcel ships today.")
     m = client.messages.create(model="fake-model", max_tokens=50, system="Be brief.", stop_sequences=["###"],
                                extra_body={"temperature": 0.2, "top_k": 5},  # the client's own fields no longer
-                               messages=[{"role": "user", "content": [{"type": "text", "text": "Where is my parcel?"}]}])
+                               messages=[{"role": "user",
+                                          "content": [{"type": "text", "text": "Where is my parcel?"}]}])
     assert prompt_of(fake) == rendered(fake, [{"role": "system", "content": "Be brief."},
                                               {"role": "user", "content": "Where is my parcel?"}])
     params = fake.requests[-1]["params"]
@@ -54,7 +53,8 @@ def test_a_message_renders_the_chat_template_and_answers_in_anthropics_shape(scr
     assert [b.type for b in m.content] == ["text"] and m.content[0].text == "Your parcel ships today."
     assert m.stop_reason == "end_turn" and m.stop_sequence is None
     u = m.usage
-    assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == len(fake.requests[-1]["prompt"])
+    prompt = len(fake.requests[-1]["prompt"])
+    assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == prompt
     assert u.output_tokens == len(fake.info.tokenizer.encode("Your parcel ships today.", add_special_tokens=False))
 
 
@@ -130,7 +130,8 @@ def test_count_tokens_counts_the_rendered_prompt(scripted):
 
 
 def test_keys_are_read_from_x_api_key(smol_tokenizer):
-    http = TestClient(create_app(FakeEngineClient(smol_tokenizer), credentials=Credentials(keys={"sk-alice-01": "alice"})))
+    keys = Credentials(keys={"sk-alice-01": "alice"})
+    http = TestClient(create_app(FakeEngineClient(smol_tokenizer), credentials=keys))
     body = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
     assert http.post("/v1/messages", json=body, headers={"x-api-key": "sk-alice-01"}).status_code == 200
     r = http.post("/v1/messages", json=body, headers={"x-api-key": "wrong"})
@@ -149,8 +150,8 @@ def test_keys_are_read_from_x_api_key(smol_tokenizer):
         {"type": "tool_result", "tool_use_id": "toolu_x", "content": "ok"}]}]}, "answers no tool_use"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled",
                                                                                     "budget_tokens": 1024}}, "think"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "web_search_20250305",
-                                                                                  "name": "web_search"}]}, "client tools"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "client tools"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
     ({"max_tokens": 100000, "messages": [{"role": "user", "content": "x"}]}, "maximum context length"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "model": "claude-opus"}, "does not exist"),

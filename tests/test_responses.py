@@ -13,7 +13,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from engine.tools import call_text
 from server.auth import Credentials
 from server.routes import create_app
-from tests.fakes import FakeEngineClient
+from tests.fakes import FakeEngineClient, serving_replies
 
 WEATHER = [{"type": "function", "name": "get_weather", "description": "Today's weather in a city.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
@@ -23,12 +23,9 @@ EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 
 @pytest.fixture
 def scripted(smol_tokenizer):
-    def make(*replies: str, **app_options):
-        fake = FakeEngineClient(smol_tokenizer, max_model_len=2048)
-        fake.next_replies = list(replies)
-        http = TestClient(create_app(fake, **app_options))
-        return fake, http, openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http,
-                                         max_retries=0)
+    def make(*replies: str):
+        fake, http = serving_replies(smol_tokenizer, *replies)
+        return fake, http, openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http, max_retries=0)
     return make
 
 

@@ -248,11 +248,11 @@ def merge_expositions(texts: list[bytes]) -> bytes:
         for line in text.decode().splitlines():
             if line.startswith("# HELP "):
                 name = line.split(" ", 3)[2]
-                families.setdefault(name, ([], []))
+            header, samples = families.setdefault(name, ([], []))
             if line.startswith("#"):
-                if line not in families[name][0]:
-                    families[name][0].append(line)
+                if line not in header:
+                    header.append(line)
             elif line and line.rsplit(" ", 1)[0] not in seen:
                 seen.add(line.rsplit(" ", 1)[0])
-                families[name][1].append(line)
+                samples.append(line)
     return "".join("\n".join(header + samples) + "\n" for header, samples in families.values()).encode()

@@ -18,6 +18,7 @@ from server.deps import (Settings, check_key, engine_client, finish_logger, gene
                          prepare_chat, render_chat, sampling, served_name, serving, take_slot)
 from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter
+from server.http_metrics import HTTPMetrics, HTTPMetricsMiddleware
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
 from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
                              TokenizeRequest, new_id, now, usage)
@@ -39,6 +40,8 @@ def create_app(client: EngineClient, *, credentials: Credentials | None = None, 
     app = FastAPI(title="pagedchat", docs_url=None, redoc_url=None)
     app.add_middleware(BodySizeLimitMiddleware, limit=max_request_bytes)
     app.add_middleware(RequestIdMiddleware)
+    app.state.http_metrics = HTTPMetrics()
+    app.add_middleware(HTTPMetricsMiddleware, metrics=app.state.http_metrics)  # outermost: refusals count too
     app.state.client = client
     app.state.others = dict  # () -> served name -> another model's engine (app.py: engine.fleet's, by name)
     app.state.settings = Settings(credentials or Credentials(), limiter or UserLimiter(0), served_model_name, log_text,
@@ -71,8 +74,9 @@ async def health(request: Request):
 async def metrics(request: Request):
     if request.app.state.settings.private_metrics:
         await check_key(request)
-    texts = [engine_client(request).metrics_text(), *(c.metrics_text() for c in request.app.state.others().values())]
-    return Response(texts[0] if len(texts) == 1 else merge_expositions(texts), media_type=PROMETHEUS)
+    texts = [engine_client(request).metrics_text(), *(c.metrics_text() for c in request.app.state.others().values()),
+             request.app.state.http_metrics.exposition()]
+    return Response(merge_expositions(texts), media_type=PROMETHEUS)
 
 
 @router.get("/v1/models", dependencies=guarded)

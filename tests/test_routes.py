@@ -140,7 +140,7 @@ def test_unknown_model_loading_engine_and_api_key(fake, smol_tokenizer):
     assert http.get("/v1/models", headers=auth).json()["data"][0]["id"] == "support-bot"
     r = http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": HELLO}, headers=auth)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    assert http.get("/metrics").text == "# fake\n"
+    assert http.get("/metrics").text.startswith("# fake\n")  # public: no key needed
     fake.state, fake.error = "loading", "the model is still loading"
     assert http.get("/health").status_code == 503
     r = http.post("/v1/chat/completions", json={"messages": HELLO}, headers=auth)
@@ -273,3 +273,24 @@ def test_a_model_is_retrieved_by_its_name(http):
     for name in ("gpt-4o", ""):
         r = http.get(f"/v1/models/{name}")
         assert r.status_code == 404 and "`fake-model`" in r.json()["error"]["message"]
+
+
+def test_api_requests_are_counted_by_route_template_and_status_class(http):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    http.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2})
+    with http.stream("POST", "/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2, "stream": True}) as r:
+        assert r.status_code == 200 and list(r.iter_lines())
+    http.post("/v1/chat/completions", json={"messages": []})
+    http.get("/v1/responses/resp_x")
+    http.get("/v1/nothing/at/all")
+    http.get("/gradio_api/info")  # not the API's: not counted
+    text = http.get("/metrics").text
+    counts = {(s.labels["handler"], s.labels["method"], s.labels["status"]): s.value
+              for f in text_string_to_metric_families(text) for s in f.samples if s.name == "http_requests_total"}
+    assert counts == {("/v1/chat/completions", "POST", "2xx"): 2, ("/v1/chat/completions", "POST", "4xx"): 1,
+                      ("/v1/responses/{response_id}", "GET", "4xx"): 1, ("none", "GET", "4xx"): 1}
+    timed = {s.labels["handler"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+             if s.name == "http_request_duration_seconds_count"}
+    assert timed == {"/v1/chat/completions": 3, "/v1/responses/{response_id}": 1, "none": 1}
+    assert "# fake" in text  # the engine's own series are still there

@@ -64,6 +64,8 @@ class MessagesRequest(BaseModel):
         if kind not in (*CHOICES, "tool"):
             raise ParameterError(f"tool_choice.type must be auto, any, tool or none, got {kind!r}.", "tool_choice.type")
         user = (self.metadata or {}).get("user_id")
+        # a last assistant turn is a prefill: the reply continues it (Anthropic's rule), not a new turn
+        prefill = messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls")
         try:
             return ChatCompletionRequest(
                 model=self.model, messages=messages, max_tokens=self.max_tokens, temperature=self.temperature,
@@ -71,7 +73,8 @@ class MessagesRequest(BaseModel):
                 tool_choice=({"type": "function", "function": {"name": choice.get("name")}} if kind == "tool"
                              else CHOICES[kind]) if self.tools else None,
                 parallel_tool_calls=not choice.get("disable_parallel_tool_use", False),
-                response_format=self.response_format(), user=user if isinstance(user, str) else None)
+                response_format=self.response_format(), user=user if isinstance(user, str) else None,
+                add_generation_prompt=not prefill, continue_final_message=prefill)
         except ValidationError as e:
             first = e.errors()[0]
             raise ParameterError(f"messages: {first['msg']}", "messages") from None

@@ -173,3 +173,12 @@ def test_a_body_over_the_limit_is_refused_in_anthropics_shape(smol_tokenizer):
     r = http.post("/v1/messages", json={"max_tokens": 5, "messages": [{"role": "user", "content": "x" * 5000}]})
     assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
     assert "limit of 2000 bytes" in r.json()["error"]["message"]
+
+
+def test_a_last_assistant_turn_is_continued(scripted):
+    fake, _, client = scripted(" NW20481377.")
+    ask = [{"role": "user", "content": "Which order?"}, {"role": "assistant", "content": "Your order is"}]
+    m = client.messages.create(model="fake-model", max_tokens=10, messages=ask)
+    prompt = prompt_of(fake)
+    assert prompt.endswith("Your order is") and prompt.count("<|im_start|>assistant") == 1
+    assert m.content[0].text == " NW20481377."

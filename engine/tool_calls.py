@@ -137,9 +137,15 @@ class ToolCallParser:
         return None
 
 
-def parse_reply(text: str) -> tuple[str | None, list[ToolCall]]:
-    """A whole reply -> (content or None, its calls: the complete ones, then one cut short if any)."""
+def read_reply(text: str) -> ToolCallParser:
+    """A whole reply, read: its `content`, its complete `calls` and the `cut` one, if any."""
     parser = ToolCallParser()
     parser.feed(text)
     parser.finish()
-    return (parser.content.strip() or None), parser.calls + ([parser.cut] if parser.cut else [])
+    return parser
+
+
+def parse_reply(text: str) -> tuple[str | None, list[ToolCall]]:
+    """A whole reply -> (content or None, its calls: the complete ones, then one cut short if any)."""
+    reply = read_reply(text)
+    return (reply.content.strip() or None), reply.calls + ([reply.cut] if reply.cut else [])

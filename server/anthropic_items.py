@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import ParameterError
-from engine.tool_calls import ToolCall, ToolCallParser
+from engine.tool_calls import ToolCall, read_reply
 from server.protocol import ChatCompletionRequest, joined_text, string_field
 
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -165,12 +165,10 @@ def reply_blocks(text: str, tools: bool) -> list[dict]:
     has no whole input and is left out)."""
     if not tools:
         return [{"type": "text", "text": text}]
-    parser = ToolCallParser()
-    parser.feed(text)
-    parser.finish()
-    content = parser.content.strip()
-    return ([{"type": "text", "text": content}] if content or not parser.calls else []) + [
-        tool_use(c) for c in parser.calls]
+    reply = read_reply(text)
+    content = reply.content.strip()
+    return ([{"type": "text", "text": content}] if content or not reply.calls else []) + [
+        tool_use(c) for c in reply.calls]
 
 
 StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from engine.client import ModelInfo
-from engine.tool_calls import ToolCall, ToolCallParser
+from engine.tool_calls import ToolCall, ToolCallParser, read_reply
 from server.logprobs import chat_logprobs
 from server.responses_items import call_item, item_id, message_item, status_of, usage
 
@@ -17,10 +17,8 @@ def finished_response(base: dict, final, info: ModelInfo, tools: bool, top_logpr
     scores = chat_logprobs(out.token_ids, out.logprobs, top_logprobs)["content"] if top_logprobs is not None else None
     content, calls, cut = out.text, [], None
     if tools:
-        parser = ToolCallParser()
-        parser.feed(out.text)
-        parser.finish()
-        content, calls, cut = parser.content.strip(), parser.calls, parser.cut
+        reply = read_reply(out.text)
+        content, calls, cut = reply.content.strip(), reply.calls, reply.cut
     output = [message_item(content, scores)] if content or not (calls or cut) else []
     output += [call_item(c) for c in calls] + ([call_item(cut, "incomplete")] if cut else [])
     status, incomplete = status_of(out.finish_reason)

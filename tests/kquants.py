@@ -5,6 +5,7 @@ per sub-block, not llama.cpp's search for the best scales, packed in llama.cpp's
 package's dequantizer reads them back: tests/test_quant.py checks it)."""
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -52,12 +53,20 @@ def quantize_q6_k(w: np.ndarray) -> np.ndarray:
     return np.concatenate([ql, qh, sc.view(np.uint8), _fp16_bytes(d)], axis=1).reshape(rows, -1)
 
 
+@functools.cache
+def _default_model_reader():
+    """One parse of the embedded model's file for every test that rewrites it (~4 s each here)."""
+    import gguf
+
+    return gguf.GGUFReader(default_model_path())
+
+
 def rewritten_gguf(path: str, tensor) -> None:
     """The embedded model's GGUF with its tensors passed through `tensor(t) -> (raw data, type)`;
     its metadata copied as it is."""
     import gguf
 
-    reader = gguf.GGUFReader(default_model_path())
+    reader = _default_model_reader()
     writer = gguf.GGUFWriter(path, reader.fields["general.architecture"].contents())
     for field in reader.fields.values():
         if field.name != "general.architecture" and not field.name.startswith("GGUF."):

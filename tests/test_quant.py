@@ -313,6 +313,35 @@ def test_the_gguf_tensor_index_is_kept_and_maps_the_same_bytes(tmp_path, monkeyp
     assert json.loads(index.read_text())["arch"] == "llama"
 
 
+def test_the_fast_tensor_index_equals_gguf_readers(tmp_path):
+    """The index read through transformers' header (no metadata parse) holds what GGUFReader gives
+    for every storage type (values, BF16 bytes, K-quant and Q8_0 blocks, 1-D and 3-D); a type that
+    header does not size (Q5_0) falls back to GGUFReader."""
+    import gguf
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import quantize
+
+    from engine.checkpoint import gguf as gguf_module
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.05, size=(4, 512)).astype(np.float32)
+    tensors = {"a.f32": (w[0], T.F32), "b.f16": (w.astype(np.float16), T.F16),
+               "c.i32": (np.arange(6, dtype=np.int32).reshape(2, 3), T.I32),
+               "d.bf16": (quantize(w, T.BF16), T.BF16), "e.q8_0": (quantize(w, T.Q8_0), T.Q8_0),
+               "f.q4_k": (np.zeros((4, 2 * 144), np.uint8), T.Q4_K),  # (the package packs no K-quants)
+               "g.q6_k": (np.zeros((2, 2, 2 * 210), np.uint8), T.Q6_K)}
+    for name, extra in (("typed.gguf", {}), ("q5.gguf", {"h.q5_0": (quantize(w, T.Q5_0), T.Q5_0)})):
+        path = str(tmp_path / name)
+        writer = gguf.GGUFWriter(path, "llama")
+        for tensor, (data, kind) in {**tensors, **extra}.items():
+            writer.add_tensor(tensor, data, raw_dtype=kind)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        assert gguf_module._read_index(path) == gguf_module._read_index_slowly(path), name
+
+
 @pytest.mark.e2e
 def test_a_gguf_with_q4_k_tensors_runs_them_packed(tmp_path):
     """A file holding Q4_K tensors loads them into the int4 kernel (no dense copy where int8 rows

@@ -50,10 +50,9 @@ class GGUFTensor:
 
 
 def gguf_tensors(path: str) -> tuple[str, list[GGUFTensor]]:
-    """The file's architecture and tensors. GGUFReader parses every metadata field, the tokenizer's
-    100k strings too (3.3 s for SmolLM2, on every load); where, of what type and of what shape
-    each tensor lies is kept beside the converted config after the first read, and later loads
-    map the file and take views at those offsets."""
+    """The file's architecture and tensors: where, of what type and of what shape each tensor lies is
+    kept beside the converted config after the first read, and later loads map the file and take
+    views at those offsets."""
     from engine.checkpoint.source import gguf_cache_folder
 
     index_file = gguf_cache_folder(path) + ".tensors.json"
@@ -79,7 +78,31 @@ def gguf_tensors(path: str) -> tuple[str, list[GGUFTensor]]:
     return index["arch"], tensors
 
 
+_VALUE_DTYPES = {0: "<f4", 1: "<f2", 24: "|i1", 25: "<i2", 26: "<i4", 27: "<i8", 28: "<f8"}  # F32, F16, I8..F64
+
+
 def _read_index(path: str) -> dict:
+    """Each tensor as GGUFReader shapes it: values in their numpy type, anything else (blocks, BF16)
+    as raw bytes [rows, bytes per row]. Through transformers' header reader (milliseconds; GGUFReader
+    parses every metadata value first, ~4 s for SmolLM2), or GGUFReader where a block type is one
+    that reader does not size (Q5_0, Q5_1)."""
+    from transformers.integrations.gguf.reader import GgufHeader
+
+    try:
+        header = GgufHeader.from_file(path)
+    except ValueError:
+        return _read_index_slowly(path)
+    tensors = []
+    for t in header.tensors:
+        dtype = _VALUE_DTYPES.get(t.ggml_type, "|u1")
+        shape = list(t.shape)
+        if dtype == "|u1":
+            shape = shape[:-1] + [t.nbytes // int(np.prod(shape[:-1]))]
+        tensors.append((t.name, t.ggml_type, header.data_start + t.offset, dtype, shape))
+    return {"arch": header.architecture, "tensors": tensors}
+
+
+def _read_index_slowly(path: str) -> dict:
     import gguf
 
     reader = gguf.GGUFReader(path)

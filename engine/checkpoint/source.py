@@ -3,11 +3,14 @@ config and tokenizer, read with transformers. Imports no torch: a UI tier that o
 tokenizer loads it from here."""
 from __future__ import annotations
 
+import contextlib
+import copy
 import hashlib
 import importlib.resources
 import importlib.util
 import json
 import os
+import threading
 from dataclasses import dataclass
 
 from engine.config import cache_dir
@@ -100,6 +103,34 @@ def gguf_cache_folder(path: str) -> str:
     return os.path.join(cache_dir(), "gguf", key)
 
 
+_PARSE_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _metadata_read_once():
+    """transformers parses a GGUF's metadata (for llama, with the gguf package's GGUFReader: ~4 s for
+    SmolLM2's 49k-token vocabulary here) once for the config and again for the tokenizer; meanwhile
+    the second call gets a copy of the first one's answer."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    parse = gguf_utils.load_gguf_checkpoint
+    answers: dict[str, dict] = {}
+
+    def once(path, return_tensors=False, **kwargs):
+        if return_tensors or kwargs:
+            return parse(path, return_tensors, **kwargs)
+        if path not in answers:
+            answers[path] = parse(path)
+        return copy.deepcopy(answers[path])
+
+    with _PARSE_LOCK:
+        gguf_utils.load_gguf_checkpoint = once
+        try:
+            yield
+        finally:
+            gguf_utils.load_gguf_checkpoint = parse
+
+
 def gguf_config_and_tokenizer(path: str):
     """Converted by transformers once and cached on disk (the tokenizer alone takes seconds)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -111,8 +142,9 @@ def gguf_config_and_tokenizer(path: str):
         except Exception:  # noqa: BLE001 - a damaged cache is rebuilt below
             pass
     folder, name = os.path.split(path)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    with _metadata_read_once():
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     try:
         tmp = f"{cache}.tmp{os.getpid()}"
         config.save_pretrained(tmp)

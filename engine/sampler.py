@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from engine import cpu_kernels
+from engine import cpu_kernels, nucleus
 from engine.request import Request
 from engine.speculative import accept
 from engine.structured import apply_draft_masks, apply_grammar_masks
@@ -35,21 +35,47 @@ class Sampler:
         for i, req in enumerate(requests):
             self._adjust_row(logits[i], req)
         apply_grammar_masks(logits, [r.grammar for r in requests])
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         greedy_tokens = _argmax(logits)
         self.processed = logits
-        if bool(greedy.all()):
+        if all(p.greedy for p in params):
             return greedy_tokens.tolist()
         temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
         logits = self.processed = logits / temps.unsqueeze(1)
-        logits = self._filter(logits, params)
-        probs = logits.softmax(dim=-1)
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        rows = [i for i, p in enumerate(params) if not p.greedy]
+        tokens = greedy_tokens.clone()
+        tokens[rows] = self._draw(logits[rows], [requests[i] for i in rows])
+        return tokens.tolist()
+
+    def _draw(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """One token per row of tempered logits, after top-k / top-p / min-p: among the row's shortlist
+        where that decides the filters (engine/nucleus.py), else over the whole vocabulary."""
+        params = [r.params for r in requests]
+        tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
+        short = nucleus.shortlist(logits, params)
+        if short.rows:
+            order = short.ids.argsort(dim=-1)  # token-id order: equal logits, however topk ranked them, draw alike
+            ids, kept = short.ids.gather(1, order), short.logits.gather(1, order)
+            picks = self._inverse_cdf(kept, [requests[i] for i in short.rows])
+            tokens[short.rows] = ids.gather(1, picks.unsqueeze(1)).squeeze(1)
+        rest = [i for i in range(len(requests)) if i not in set(short.rows)]
+        if rest:
+            full = nucleus.filtered_by_sort(logits[rest], [params[i] for i in rest])
+            tokens[rest] = self._inverse_cdf(full, [requests[i] for i in rest])
+        return tokens
+
+    def _inverse_cdf(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Each row's draw from softmax(logits): one uniform number against the cumulative weights
+        (summed in float64, so that no tail token's weight is lost to rounding). A seeded request's
+        number comes from its own generator, whatever else shares the step."""
+        weights = (logits - logits.max(dim=-1, keepdim=True).values).exp_()
+        cum = weights.to(torch.float64).cumsum_(dim=-1)
+        total = cum[:, -1:]
+        u = torch.rand(len(requests), 1, generator=self.generator, device=logits.device, dtype=torch.float64)
         for i, req in enumerate(requests):
             if req.params.seed is not None:
-                noise[i].exponential_(generator=self._generator_for(req))
-        sampled = (probs / noise).argmax(dim=-1)  # Gumbel-style race == a draw from probs
-        return torch.where(greedy, greedy_tokens, sampled).tolist()
+                u[i] = torch.rand(1, generator=self._generator_for(req), device=logits.device, dtype=torch.float64)
+        target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+        return torch.searchsorted(cum, target, right=True).squeeze(1)
 
     def verify(self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]) -> list[list[int]]:
         """Requests that drafted (engine/speculative.py): their 1 + len(drafts) rows each, in order, in
@@ -74,7 +100,7 @@ class Sampler:
             rows = torch.tensor([starts[i] + j for i in sampling for j in range(sizes[i])], device=logits.device)
             params = [requests[i].params for i in sampling for _ in range(sizes[i])]
             temps = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
-            chosen = self._filter(logits[rows] / temps, params).softmax(dim=-1).split([sizes[i] for i in sampling])
+            chosen = nucleus.filtered(logits[rows] / temps, params).softmax(dim=-1).split([sizes[i] for i in sampling])
             probs = dict(zip(sampling, chosen))
         return [accept(probs[i], d, self.generator) if i in probs else accept(targets[i], d, None)
                 for i, d in enumerate(drafts)]
@@ -118,29 +144,6 @@ class Sampler:
             out = torch.tensor(outputs, device=row.device)
             counts = torch.zeros_like(row).scatter_add_(0, out, torch.ones_like(out, dtype=row.dtype))
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
-
-    @staticmethod
-    def _filter(logits: torch.Tensor, params) -> torch.Tensor:
-        top_k = [p.top_k for p in params]
-        top_p = [p.top_p for p in params]
-        min_p = [p.min_p for p in params]
-        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
-            V = logits.shape[-1]
-            ks = torch.tensor([k if k > 0 else V for k in top_k], device=logits.device)
-            ranks = torch.arange(V, device=logits.device).unsqueeze(0)
-            drop = ranks >= ks.unsqueeze(1)
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            ps = torch.tensor(top_p, device=logits.device).unsqueeze(1)
-            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-            drop = (cum - sorted_logits.softmax(dim=-1)) >= ps  # keep the token that crosses p
-            sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-            logits = torch.full_like(logits, float("-inf")).scatter(1, order, sorted_logits)
-        if any(m > 0 for m in min_p):
-            probs = logits.softmax(dim=-1)
-            threshold = torch.tensor(min_p, device=logits.device).unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-            logits = logits.masked_fill(probs < threshold, float("-inf"))
-        return logits
 
 
 def _adjusts(req: Request) -> bool:

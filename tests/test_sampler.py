@@ -77,3 +77,47 @@ def test_failed_step_returns_errors_and_frees_blocks(tiny_model, monkeypatch):
     assert engine.get_stats().kv_blocks_used == 0
     monkeypatch.undo()
     assert llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].outputs[0].finish_reason == "length"
+
+
+def test_shortlisted_filters_keep_what_the_whole_sorted_vocabulary_keeps():
+    """top-k / top-p / min-p decided among each row's likeliest tokens keep exactly the tokens the
+    sort of the whole vocabulary keeps, for peaked rows and for flat ones (which fall back)."""
+    from engine import nucleus
+
+    g = torch.Generator().manual_seed(5)
+    settings = [dict(top_p=0.9), dict(top_p=0.5, top_k=20), dict(top_k=3), dict(top_k=200), dict(min_p=0.1),
+                dict(min_p=0.001), dict(top_p=0.99, min_p=0.05), dict(top_p=0.95, top_k=100), dict(), dict(top_p=1.0)]
+    for scale in (0.3, 3.0, 12.0):  # flat (most rows fall back), realistic, peaked (all decided in the shortlist)
+        logits = torch.randn(len(settings) * 3, 5000, generator=g) * scale
+        params = [SamplingParams(temperature=1.0, **s) for s in settings] * 3
+        ours, sorted_ = nucleus.filtered(logits, params), nucleus.filtered_by_sort(logits, params)
+        assert torch.equal(ours.isfinite(), sorted_.isfinite()), scale
+        assert torch.equal(ours[ours.isfinite()], logits[ours.isfinite()])
+    peaked = torch.randn(4, 5000, generator=g) * 12.0
+    assert len(nucleus.shortlist(peaked, [SamplingParams(top_p=0.9)] * 4).rows) == 4
+
+
+def test_a_draw_follows_the_filtered_distribution():
+    """The inverse-CDF draw: frequencies match softmax over what top-p keeps (4 sigma), and no
+    dropped token is ever drawn, whether the row is decided in its shortlist or over the whole row."""
+    logits = torch.tensor([3.0, 2.5, 2.0, 1.0, 0.5] + [-8.0] * 95)
+    for params in (SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0)):
+        n = 4000
+        sampler, reqs, x = rows([params] * n, [logits.tolist()] * n)
+        counts = torch.bincount(torch.tensor(sampler(x, reqs)), minlength=100).double()
+        from engine import nucleus
+        expected = nucleus.filtered(logits.unsqueeze(0), [params])[0].softmax(-1).double() * n
+        assert counts[expected == 0].sum() == 0
+        sigma = (expected * (1 - expected / n)).sqrt()
+        assert ((counts - expected).abs() <= 4 * sigma + 1).all(), (counts[:6], expected[:6])
+
+
+def test_a_seeded_draw_does_not_depend_on_what_shares_the_step():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, 3000, generator=g) * 4
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=11)
+    others = [SamplingParams(temperature=1.0, top_k=300), SamplingParams(temperature=1.0), SamplingParams(temperature=0)]
+    alone_sampler, alone, x = rows([seeded], [logits[0].tolist()])
+    first = alone_sampler(x, alone)
+    mixed_sampler, mixed, y = rows(others + [seeded], [logits[i].tolist() for i in (1, 2, 3, 0)])
+    assert mixed_sampler(y, mixed)[-1] == first[0]

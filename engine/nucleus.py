@@ -26,6 +26,9 @@ def shortlist(logits: torch.Tensor, params) -> Shortlist:
     """logits [N, V] (tempered) -> the rows whose filters are decided among their candidates."""
     V = logits.shape[-1]
     dev = logits.device
+    if not any(map(_filters, params)):
+        nothing = logits.new_empty(0, 0)
+        return Shortlist([], nothing.long(), nothing)
     sizes = torch.tensor([min(p.top_k or CANDIDATES, V) for p in params], device=dev)
     top, ids = logits.topk(int(sizes.max()), dim=-1)
     beyond = torch.arange(top.shape[1], device=dev) >= sizes.unsqueeze(1)
@@ -49,16 +52,21 @@ def shortlist(logits: torch.Tensor, params) -> Shortlist:
 
 def filtered(logits: torch.Tensor, params) -> torch.Tensor:
     """logits [N, V] with every token top-k, top-p and min-p drop set to -inf."""
-    if all(p.top_k <= 0 and p.top_p >= 1 and p.min_p <= 0 for p in params):
+    if not any(map(_filters, params)):
         return logits
     short = shortlist(logits, params)
     out = torch.full_like(logits, float("-inf"))
     if short.rows:
         out[short.rows] = out[short.rows].scatter(1, short.ids, short.logits)
-    rest = [i for i in range(len(params)) if i not in set(short.rows)]
+    decided = set(short.rows)
+    rest = [i for i in range(len(params)) if i not in decided]
     if rest:
         out[rest] = filtered_by_sort(logits[rest], [params[i] for i in rest])
     return out
+
+
+def _filters(p) -> bool:
+    return p.top_k > 0 or p.top_p < 1 or p.min_p > 0
 
 
 def filtered_by_sort(logits: torch.Tensor, params) -> torch.Tensor:

@@ -40,7 +40,7 @@ run: install
 	$(PY) app.py $(ARGS)
 
 test: install-dev browser tools
-	$(PY) -m pytest -q --durations=15  # the slowest, for keeping CI under its 20 minutes
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15  # two workers, whole modules each; the slowest printed
 
 # The fast tier: no model loaded, no server started (pytest.ini's markers); about half a minute here.
 test-fast: install-dev

@@ -140,10 +140,14 @@ MODEL_FIXTURES = {"smol_parts", "hf_smol", "smol32", "tiny_model", "tiny_chat_mo
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test that takes a model fixture is e2e, whatever its module says."""
+    """A test that takes a model fixture is e2e, whatever its module says. Modules holding a slow or
+    browser test run first (in their own order): `make test` spreads whole modules over two
+    workers (pytest-xdist, --dist loadfile), and the longest started first end together."""
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.e2e)
+    heavy = {item.module for item in items if item.get_closest_marker("slow") or item.get_closest_marker("browser")}
+    items.sort(key=lambda item: item.module not in heavy)
 
 
 @pytest.fixture(autouse=True)

@@ -45,9 +45,22 @@ def smol32():
 
 @pytest.fixture(scope="session")
 def gptq_cache(tmp_path_factory):
-    """A cache folder shared by the tests that run our GPTQ on SmolLM2 (~40-110 s here): the first
-    writes its checkpoint where the operator's "gptq (quantize now)" looks for it, the others reuse it."""
-    return str(tmp_path_factory.mktemp("gptq-cache"))
+    """A cache folder shared by the tests that run our GPTQ on SmolLM2 (~40-110 s here), by both
+    xdist workers too: whichever first holds its lock (`gptq_lock`) writes the checkpoint where the
+    operator's "gptq (quantize now)" looks for it, the other reuses it."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # this run's folder, above each worker's own
+    path = base / "gptq-cache"
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
+@pytest.fixture
+def gptq_lock(gptq_cache):
+    from filelock import FileLock
+
+    return FileLock(os.path.join(gptq_cache, ".lock"))
 
 
 @pytest.fixture(scope="session")

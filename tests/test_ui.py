@@ -123,7 +123,7 @@ def test_only_an_operator_resets_the_prefix_cache(ui):
 
 
 @pytest.mark.slow
-def test_operator_quantizes_with_our_gptq_and_switches(ui, gptq_cache, monkeypatch):
+def test_operator_quantizes_with_our_gptq_and_switches(ui, gptq_cache, gptq_lock, monkeypatch):
     """The operator's "gptq (quantize now)": our GPTQ runs once (or, after test_quant_formats, its
     cached checkpoint is found), the checkpoint loads, and chats go on."""
     monkeypatch.setenv("PAGEDCHAT_CACHE", gptq_cache)
@@ -131,7 +131,8 @@ def test_operator_quantizes_with_our_gptq_and_switches(ui, gptq_cache, monkeypat
     label = "SmolLM2-135M-Instruct (embedded)"
     choices = alice.predict(label, api_name="/quant_options")["choices"]
     assert ["gptq (quantize now)", "gptq (quantize now)"] in choices
-    status = alice.predict(label, "gptq (quantize now)", api_name="/switch")
+    with gptq_lock:
+        status = alice.predict(label, "gptq (quantize now)", api_name="/switch")
     assert status.startswith("✅") and "loaded" in status
     assert ui.llm.info.quantization.startswith("gptq")  # "(dequantized)" in this fp32 fixture
     chat, _ = alice.predict("Hello again", 0.0, 1.0, 16, api_name="/send")

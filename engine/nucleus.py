@@ -18,6 +18,7 @@ CANDIDATES = 64
 @dataclass
 class Shortlist:
     rows: list[int]  # the rows decided among their candidates
+    rest: list[int]  # the others: their filters need the whole vocabulary
     ids: torch.Tensor  # [len(rows), C] their candidates' token ids
     logits: torch.Tensor  # [len(rows), C] their logits, -inf where a filter dropped them
 
@@ -28,14 +29,14 @@ def shortlist(logits: torch.Tensor, params) -> Shortlist:
     dev = logits.device
     if not any(map(_filters, params)):
         nothing = logits.new_empty(0, 0)
-        return Shortlist([], nothing.long(), nothing)
+        return Shortlist([], list(range(len(params))), nothing.long(), nothing)
     sizes = torch.tensor([min(p.top_k or CANDIDATES, V) for p in params], device=dev)
     top, ids = logits.topk(int(sizes.max()), dim=-1)
     beyond = torch.arange(top.shape[1], device=dev) >= sizes.unsqueeze(1)
     top = top.masked_fill(beyond, float("-inf"))
     has_k = torch.tensor([p.top_k > 0 for p in params], device=dev).unsqueeze(1)
     top_p = torch.tensor([p.top_p if p.top_p < 1 else float("inf") for p in params], device=dev)  # 1: no cut
-    min_p = torch.tensor([p.min_p for p in params], device=dev)
+    log_min_p = torch.tensor([p.min_p for p in params], device=dev).log()  # 0: -inf, no cut
     # top-p reads the distribution renormalised over the top k where k is set, else the whole row's
     # (softmax: one fused pass, 3x faster than logsumexp's here)
     probs = top.softmax(dim=-1)
@@ -43,11 +44,11 @@ def shortlist(logits: torch.Tensor, params) -> Shortlist:
         probs = torch.where(has_k, probs, logits.softmax(dim=-1).gather(1, ids).masked_fill(beyond, 0.0))
     cum = probs.cumsum(dim=-1)
     kept = top.masked_fill(cum - probs >= top_p.unsqueeze(1), float("-inf"))  # keep the token that crosses p
-    kept = kept.masked_fill(kept - top[:, :1] < min_p.log().unsqueeze(1), float("-inf"))
+    kept = kept.masked_fill(kept - top[:, :1] < log_min_p.unsqueeze(1), float("-inf"))
     last = top.gather(1, (sizes - 1).unsqueeze(1)).squeeze(1)
-    decided = has_k.squeeze(1) | (cum[:, -1] >= top_p) | ((min_p > 0) & (last - top[:, 0] < min_p.log()))
+    decided = has_k.squeeze(1) | (cum[:, -1] >= top_p) | (last - top[:, 0] < log_min_p)
     rows = decided.nonzero().flatten()
-    return Shortlist(rows.tolist(), ids[rows], kept[rows])
+    return Shortlist(rows.tolist(), (~decided).nonzero().flatten().tolist(), ids[rows], kept[rows])
 
 
 def filtered(logits: torch.Tensor, params) -> torch.Tensor:
@@ -58,10 +59,8 @@ def filtered(logits: torch.Tensor, params) -> torch.Tensor:
     out = torch.full_like(logits, float("-inf"))
     if short.rows:
         out[short.rows] = out[short.rows].scatter(1, short.ids, short.logits)
-    decided = set(short.rows)
-    rest = [i for i in range(len(params)) if i not in decided]
-    if rest:
-        out[rest] = filtered_by_sort(logits[rest], [params[i] for i in rest])
+    if short.rest:
+        out[short.rest] = filtered_by_sort(logits[short.rest], [params[i] for i in short.rest])
     return out
 
 

@@ -57,11 +57,9 @@ class Sampler:
             ids, kept = short.ids.gather(1, order), short.logits.gather(1, order)
             picks = self._inverse_cdf(kept, [requests[i] for i in short.rows])
             tokens[short.rows] = ids.gather(1, picks.unsqueeze(1)).squeeze(1)
-        decided = set(short.rows)
-        rest = [i for i in range(len(requests)) if i not in decided]
-        if rest:
-            full = nucleus.filtered_by_sort(logits[rest], [params[i] for i in rest])
-            tokens[rest] = self._inverse_cdf(full, [requests[i] for i in rest])
+        if short.rest:
+            full = nucleus.filtered_by_sort(logits[short.rest], [params[i] for i in short.rest])
+            tokens[short.rest] = self._inverse_cdf(full, [requests[i] for i in short.rest])
         return tokens
 
     def _inverse_cdf(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:

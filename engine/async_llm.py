@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import itertools
 import logging
@@ -51,7 +52,7 @@ class AsyncLLM:
         self.error: str | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._inbox: list[Callable[[], None]] = []
+        self._inbox: list[tuple[Callable[[], None], concurrent.futures.Future | None]] = []  # (command, its answer)
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._stop = False
@@ -106,7 +107,7 @@ class AsyncLLM:
             except Exception as e:  # noqa: BLE001 - handed to the caller as is
                 added.set_exception(e)
 
-        self._submit(add)
+        self._submit(add, added)
         await asyncio.wrap_future(added)
         finished = False
         try:
@@ -127,7 +128,8 @@ class AsyncLLM:
             for engine in (self._engine, self._draining):
                 if engine is not None:
                     engine.abort_request(request_id)
-        self._submit(do)
+        with contextlib.suppress(EngineDeadError):  # a dead engine has nothing left to abort
+            self._submit(do)
 
     def drain(self, grace_s: float) -> None:
         """Shutting down: from now on new requests are refused (EngineDeadError, "the server is
@@ -161,7 +163,7 @@ class AsyncLLM:
                 fut.set_result(fn(self._engine))
             except Exception as e:  # noqa: BLE001
                 fut.set_exception(e)
-        self._submit(do)
+        self._submit(do, fut)
         return fut.result(timeout)
 
     # ---- models ---------------------------------------------------------------------------
@@ -219,14 +221,50 @@ class AsyncLLM:
             return
         if out.finished:
             del self._streams[out.request_id]
-        stream.loop.call_soon_threadsafe(stream.queue.put_nowait, out)
+        if not self._put(stream, out):  # nobody can read it any more: free its blocks now
+            self._streams.pop(out.request_id, None)
+            self.abort(out.request_id)
 
-    def _submit(self, command: Callable[[], None]) -> None:
-        if self.state == "dead":
-            raise EngineDeadError(self.error or "the engine loop is not running")
+    @staticmethod
+    def _put(stream: _Stream, item: RequestOutput | BaseException) -> bool:
+        """Hands `item` to the stream's event loop; False when that loop has closed (its server
+        stopped while the request ran), which must not take the engine thread down with it."""
+        try:
+            stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+            return True
+        except RuntimeError:
+            return False
+
+    def _submit(self, command: Callable[[], None], answer: concurrent.futures.Future | None = None) -> None:
+        """Queues `command` for the engine thread; `answer` is the future its caller waits on, failed
+        with EngineDeadError if the engine stops before running the command."""
         with self._lock:
-            self._inbox.append(command)
+            if self.state == "dead":
+                raise EngineDeadError(self.error or "the engine loop is not running")
+            self._inbox.append((command, answer))
         self._wake.set()
+
+    def _next_command(self) -> Callable[[], None] | None:
+        """The oldest queued command, taken off the inbox (one at a time, so that if one crashes the
+        loop, those behind it are still there for _fail_everyone)."""
+        with self._lock:
+            if not self._inbox:
+                self._wake.clear()
+                return None
+            return self._inbox.pop(0)[0]
+
+    def _fail_everyone(self) -> None:
+        """The engine thread is ending: every caller still waiting (a queued command's future, an open
+        stream) gets EngineDeadError instead of waiting for ever."""
+        dead = EngineDeadError(self.error or "the engine loop is not running")
+        with self._lock:
+            stranded, self._inbox = self._inbox, []
+        for _, answer in stranded:
+            if answer is not None and not answer.done():
+                answer.set_exception(dead)
+        for stream in list(self._streams.values()):
+            self._put(stream, dead)
+        self._streams.clear()
 
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -245,19 +283,17 @@ class AsyncLLM:
             self._loop()
         except Exception as e:  # noqa: BLE001 - a crashed loop fails everyone, loudly
             log.exception("engine loop crashed")
-            self.state, self.error = "dead", f"engine loop crashed: {type(e).__name__}: {e}"
+            with self._lock:
+                self.state, self.error = "dead", f"engine loop crashed: {type(e).__name__}: {e}"
             self.metrics.set_healthy(False)
-            dead = EngineDeadError(self.error)
-            for stream in list(self._streams.values()):
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, dead)
-            self._streams.clear()
+        else:  # shut down
+            with self._lock:
+                self.state, self.error = "dead", self.error or "the engine was shut down"
+        self._fail_everyone()
 
     def _loop(self) -> None:
         while not self._stop:
-            with self._lock:
-                commands, self._inbox = self._inbox, []
-                self._wake.clear()
-            for command in commands:
+            while command := self._next_command():
                 command()
             engine = self._engine  # a command may have switched the model
             outputs = []

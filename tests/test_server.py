@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import socket
+import threading
 
 import httpx
 import openai
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import EngineConfig, SamplingParams
 from engine.async_llm import AsyncLLM
+from engine.client import EngineDeadError
 from server.auth import Credentials
 from server.routes import create_app
 from tests.serving import LiveServer, wait_for
@@ -342,6 +344,59 @@ def test_an_abort_from_elsewhere_ends_the_only_stream_with_its_final_output(tiny
         llm.shutdown()
     assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
     assert len(outs[-1].outputs[0].token_ids) < 3000
+
+
+def test_a_stream_whose_event_loop_closed_is_aborted_and_the_engine_lives_on(tiny_model):
+    """A server stopped mid-reply closes its event loop under a running request: the engine thread
+    aborts that request (its blocks freed) instead of dying on the closed loop, and serves on."""
+    import asyncio
+
+    llama, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=llama, dtype="float32", num_kv_blocks=64))
+    assert llm.wait_ready(120)
+    gone = asyncio.new_event_loop()
+    orphan = llm.generate([5, 6, 7], SamplingParams(max_tokens=3000, ignore_eos=True), request_id="orphan")
+    try:
+        gone.run_until_complete(orphan.__anext__())
+        gone.close()  # no shutdown of async generators: the stream is left as a killed server leaves it
+        done = asyncio.run(asyncio.wait_for(_collect(llm.generate([1, 2], SamplingParams(max_tokens=3))), 60))
+        stats = llm.run_on_engine_thread(lambda e: e.get_stats())
+        assert llm.ready and llm.error is None
+    finally:
+        llm.shutdown()
+    assert done.finished and len(done.outputs[0].token_ids) == 3
+    assert stats.num_running == 0 and stats.num_waiting == 0 and stats.kv_blocks_used == 0
+
+
+def test_a_request_queued_behind_a_command_that_crashes_the_loop_fails_instead_of_hanging(tiny_model):
+    import asyncio
+
+    llama, _ = tiny_model("llama")
+    llm = AsyncLLM(EngineConfig(model=llama, dtype="float32", num_kv_blocks=64))
+    assert llm.wait_ready(120)
+
+    def explode(request_id):
+        raise RuntimeError("abort bug")
+
+    llm.run_on_engine_thread(lambda e: setattr(e, "abort_request", explode))
+    busy, gate = threading.Event(), threading.Event()
+    blocker = threading.Thread(target=llm.run_on_engine_thread, args=(lambda e: busy.set() or gate.wait(60),))
+    blocker.start()
+    assert busy.wait(60)  # the engine thread is inside the blocker; what comes next queues behind it
+
+    async def ask():
+        llm.abort("nobody")  # will crash the loop
+        first = asyncio.ensure_future(llm.generate([1, 2], SamplingParams(max_tokens=3)).__anext__())
+        asyncio.get_running_loop().call_soon(gate.set)  # runs after `first` has queued its request
+        return await first
+
+    try:
+        with pytest.raises(EngineDeadError, match="abort bug"):
+            asyncio.run(asyncio.wait_for(ask(), 60))
+    finally:
+        gate.set()
+        blocker.join(60)
+        llm.shutdown()
 
 
 async def _collect(stream):

@@ -26,7 +26,9 @@ def axe_violations(page, impacts=("critical", "serious")) -> list[str]:
         page.add_script_tag(path=AXE)
     found = page.evaluate("async () => (await axe.run()).violations.map(v => ({id: v.id, impact: v.impact, "
                           "nodes: v.nodes.map(n => n.target.join(' '))}))")
-    return [f"{v['impact']} {v['id']}: {', '.join(v['nodes'][:6])}" for v in found if v["impact"] in impacts]
+    toasts = page.locator("[data-testid='toast-text']").all_text_contents()  # what a toast said, if one shows
+    return [f"{v['impact']} {v['id']}: {', '.join(v['nodes'][:6])}" + (f" (toasts: {toasts})" if toasts else "")
+            for v in found if v["impact"] in impacts]
 
 
 @pytest.fixture(scope="module")

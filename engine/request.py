@@ -4,8 +4,12 @@ from __future__ import annotations
 import enum
 import itertools
 import time
+from typing import TYPE_CHECKING
 
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.penalties import SeenTokens
 
 
 class RequestStatus(enum.Enum):
@@ -63,6 +67,7 @@ class Request:
         self.draft_len = 0  # speculative decoding: drafts to propose at most (0: the configured k)
         self.num_draft_tokens = 0  # drafts verified for it, and how many of them were kept
         self.num_accepted_tokens = 0
+        self.seen_tokens: SeenTokens | None = None  # its distinct ids, for the repetition penalty
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +96,7 @@ class Request:
         if extra > 0:
             del self.output_token_ids[-extra:]
             del self.all_token_ids[-extra:]
+            self.seen_tokens = None
 
     def sort_key(self) -> tuple[int, float, int]:
         """(priority, arrival): lower runs first; the victim of a preemption is the largest."""

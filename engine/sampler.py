@@ -1,12 +1,13 @@
 """Batched sampling: greedy, temperature, top-k, top-p, min-p, repetition / presence /
 frequency penalties, min_tokens, per-request seeds, and the masking path (logit_bias,
-allowed_token_ids, bad_words, structured-output grammars). Rows that need nothing special stay on
-the vectorised path; only penalties, masks and seeded draws touch rows one by one."""
+allowed_token_ids, bad_words, structured-output grammars). Penalties are applied to the batch at
+once (engine/penalties.py); only masks and seeded draws touch rows one by one."""
 from __future__ import annotations
 
 import torch
 
 from engine import cpu_kernels, nucleus
+from engine.penalties import apply_penalties
 from engine.request import Request
 from engine.speculative import accept
 from engine.structured import apply_draft_masks, apply_grammar_masks
@@ -33,7 +34,9 @@ class Sampler:
             return _argmax(logits).tolist()
         logits = logits.clone()  # rows are adjusted in place; a failed draw is retried on the originals
         for i, req in enumerate(requests):
-            self._adjust_row(logits[i], req)
+            if _masks(req):
+                self._mask_row(logits[i], req)
+        apply_penalties(logits, requests)
         apply_grammar_masks(logits, [r.grammar for r in requests])
         greedy_tokens = _argmax(logits)
         self.processed = logits
@@ -83,11 +86,16 @@ class Sampler:
         the argmax rule for greedy rows, the rejection rule on the tempered, filtered distribution
         (top-k / top-p / min-p) for the others."""
         sizes = [1 + len(d) for d in drafts]
-        if any(_adjusts(r) for r in requests):
+        if any(_masks(r) or r.params.has_penalties for r in requests):
             logits, row = logits.clone(), 0
             for req, d, n in zip(requests, drafts, sizes):
-                for i in range(n) if _adjusts(req) else ():
-                    self._adjust_row(logits[row + i], req, d[:i])
+                for i in range(n) if _masks(req) else ():
+                    self._mask_row(logits[row + i], req, d[:i])
+                row += n
+            row_requests = [req for req, n in zip(requests, sizes) for _ in range(n)]
+            apply_penalties(logits, row_requests, [d[:i] for d, n in zip(drafts, sizes) for i in range(n)])
+            row = 0
+            for req, d, n in zip(requests, drafts, sizes):
                 if req.grammar is not None:
                     apply_draft_masks(logits[row:row + n], req.grammar, d)
                 row += n
@@ -113,13 +121,12 @@ class Sampler:
         return g
 
     @staticmethod
-    def _adjust_row(row: torch.Tensor, req: Request, ahead: list[int] | tuple = ()) -> None:
-        """Penalties, bias and masks on one row of logits, for the position after the request's tokens
-        and `ahead` (drafts taken as kept when a draft row is verified)."""
+    def _mask_row(row: torch.Tensor, req: Request, ahead: list[int] | tuple = ()) -> None:
+        """min_tokens, bias and masks on one row of logits, for the position after the request's
+        tokens and `ahead` (drafts taken as kept when a draft row is verified)."""
         p = req.params
         tokens = req.all_token_ids + list(ahead) if ahead else req.all_token_ids
-        outputs = req.output_token_ids + list(ahead) if ahead else req.output_token_ids
-        if len(outputs) < p.min_tokens:
+        if req.num_output_tokens + len(ahead) < p.min_tokens:
             banned = [t for t in (*req.eos_token_ids, *p.stop_token_ids) if t < row.numel()]
             if banned:
                 row[banned] = float("-inf")
@@ -133,22 +140,12 @@ class Sampler:
         for word in req.bad_words_ids:
             if len(word) == 1 or tokens[-(len(word) - 1):] == word[:-1]:
                 row[word[-1]] = float("-inf")
-        if not p.has_penalties:
-            return
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(tokens)), device=row.device)
-            vals = row[seen]
-            row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.presence_penalty or p.frequency_penalty) and outputs:
-            out = torch.tensor(outputs, device=row.device)
-            counts = torch.zeros_like(row).scatter_add_(0, out, torch.ones_like(out, dtype=row.dtype))
-            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
 
 
-def _adjusts(req: Request) -> bool:
-    """Whether _adjust_row changes anything for this request now (else its rows are used as they are)."""
+def _masks(req: Request) -> bool:
+    """Whether _mask_row may change anything for this request now (else its rows skip it)."""
     p = req.params
-    return p.has_penalties or p.masks_logits or req.num_output_tokens < p.min_tokens
+    return p.masks_logits or req.num_output_tokens < p.min_tokens
 
 
 def _argmax(logits: torch.Tensor) -> torch.Tensor:

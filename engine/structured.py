@@ -4,6 +4,7 @@ next (a bitmask applied to that request's row of logits in the batched sampler) 
 the token sampled; free requests in the same batch are untouched. And bad_words as token sequences."""
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -48,40 +49,52 @@ class GrammarCompiler:
         return matcher
 
 
+@functools.cache
+def _ceilings(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[256, 8]: for each value of a mask byte, its 8 tokens' ceilings (+inf allowed, -inf not)."""
+    bits = (torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1
+    return torch.where(bits == 1, float("inf"), float("-inf")).to(device, dtype)
+
+
+def _keep_allowed(logits: torch.Tensor, bitmasks: list[bytes]) -> None:
+    """Row i of `logits` (in place) keeps the tokens bitmasks[i] allows (a matcher's compute_bitmask():
+    little-endian 32-bit words, so bit j of byte b is token 8b + j); the rest become -inf, ids past
+    the tokenizer's too. Each byte picks its 8 tokens' ceilings from a table and the row takes the
+    minimum: 0.3 ms for 16 rows of 49152 where masked_fill_ took 1.9. We do this rather than import
+    llguidance.torch, whose helper is a torch.compile kernel: ~3 s of imports (dynamo) and a compile
+    on the first constrained request of a process."""
+    data = torch.frombuffer(bytearray(b"".join(bitmasks)), dtype=torch.uint8).to(logits.device)
+    limits = _ceilings(logits.device, logits.dtype).index_select(0, data.int()).view(len(bitmasks), -1)
+    n = min(logits.shape[-1], limits.shape[1])
+    known = logits[:, :n]  # the ids the tokenizer has
+    torch.minimum(known, limits[:, :n], out=known)
+    logits[:, n:] = float("-inf")
+
+
 def apply_grammar_masks(logits: torch.Tensor, matchers: list) -> None:
     """Rows with a matcher keep only the tokens their grammar allows next; rows with None are free."""
-    import llguidance.torch as lt
-
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
-    bitmask = lt.allocate_token_bitmask(len(rows), logits.shape[-1])
-    for j, i in enumerate(rows):
-        lt.fill_next_token_bitmask(matchers[i], bitmask, j)
-    constrained = logits[rows].float()
-    lt.apply_token_bitmask_inplace(constrained, bitmask.to(logits.device))
-    logits[rows] = constrained.to(logits.dtype)
+    constrained = logits[rows]
+    _keep_allowed(constrained, [matchers[i].compute_bitmask() for i in rows])
+    logits[rows] = constrained
 
 
 def apply_draft_masks(logits: torch.Tensor, matcher, drafts: list[int]) -> None:
     """A drafting request's rows [1 + len(drafts), V]: row i keeps the tokens the grammar allows after
     drafts[:i] (consumed in turn, then rolled back: the matcher ends as it began). Rows after a draft
     the grammar refuses are left free: that draft is rejected at its own row, so they are never used."""
-    import llguidance.torch as lt
-
-    bitmask = lt.allocate_token_bitmask(len(drafts) + 1, logits.shape[-1])
-    valid, consumed = matcher.validate_tokens(drafts), 0
+    valid, consumed, bitmasks = matcher.validate_tokens(drafts), 0, []
     try:
         for i in range(valid + 1):
-            lt.fill_next_token_bitmask(matcher, bitmask, i)
+            bitmasks.append(matcher.compute_bitmask())
             if i < valid:
                 matcher.consume_token(drafts[i])
                 consumed += 1
     finally:
         matcher.rollback(consumed)
-    rows = logits[:valid + 1].float()
-    lt.apply_token_bitmask_inplace(rows, bitmask[:valid + 1].to(logits.device))
-    logits[:valid + 1] = rows
+    _keep_allowed(logits[:valid + 1], bitmasks)
 
 
 def consume_reply_tokens(matcher, tokens: list[int], eos_token_ids) -> tuple[str | None, int]:

@@ -190,3 +190,25 @@ def test_acceptance_reaches_the_metrics_and_the_panel():
     html = spec_line(stats.__dict__, {"on": True, "requests": {"chat-7": [8, 6]}})
     assert "kept <b id='spec-kept'>6</b>/10 draft tokens (60%)" in html and "chat-7 6/8" in html
     assert "speculation off" in spec_line(stats.__dict__, {"on": False, "requests": {}})
+
+
+def test_the_grammar_mask_allows_exactly_what_llguidance_allows(smol_tokenizer):
+    """Our unpacking of llguidance's bitmask against its byte-per-token view (compute_logit_bias), for
+    a row wider than the tokenizer (padded vocabularies: the extra ids are never allowed)."""
+    from engine.sampling_params import StructuredOutputsParams
+    from engine.structured import GrammarCompiler, apply_grammar_masks
+
+    vocab = len(smol_tokenizer)
+    compiler = GrammarCompiler(smol_tokenizer, vocab, (0,))
+    matchers = [compiler.matcher(StructuredOutputsParams(regex=r"(yes|no|[0-9]{3})")), None,
+                compiler.matcher(StructuredOutputsParams(json={"type": "object"}))]
+    logits = torch.randn(3, vocab + 64)
+    masked = logits.clone()
+    apply_grammar_masks(masked, matchers)
+    assert torch.equal(masked[1], logits[1])  # no matcher: untouched
+    for i in (0, 2):
+        allowed = torch.frombuffer(bytearray(matchers[i].compute_logit_bias()), dtype=torch.uint8)[:vocab] > 0
+        assert 0 < int(allowed.sum()) < vocab
+        assert torch.equal(masked[i, :vocab][allowed], logits[i, :vocab][allowed])
+        assert bool((masked[i, :vocab][~allowed] == float("-inf")).all())
+        assert bool((masked[i, vocab:] == float("-inf")).all())

@@ -111,7 +111,12 @@ def test_the_korean_page_works_end_to_end_and_switches_to_english(shop, chromium
     page = logged_in(chromium, f"{shop.url}/chat/support/", "min", "pw-m", locale="ko-KR", width=390, height=844)
     expect(page.locator("#send")).to_have_text("보내기")
     expect(page.locator("#talk-to-person")).to_have_text("상담원 연결")
-    page.locator("#msg textarea").click()
+    page.locator("#msg textarea").fill("가나다 " * 3000)  # past the model's context: refused, in Korean
+    page.keyboard.press("Enter")
+    expect(page.locator("[data-testid='toast-text']")).to_contain_text("토큰")
+    assert axe_violations(page) == []  # with the toast on screen: its header is no button around its close button
+    page.locator("[data-testid='toast-close']").click()
+    page.locator("#msg textarea").fill("")
     page.keyboard.type("텐트가 찢어져서 왔어요")
     page.keyboard.press("Enter")
     expect(page.locator("#chatbot [data-testid='bot']").last).to_be_visible()  # the assistant answered

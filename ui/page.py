@@ -49,6 +49,13 @@ JS = """
   skip.addEventListener('click', (e) => { e.preventDefault(); box()?.focus(); });
   document.body.prepend(skip);
 
+  // Gradio's toast header is role="button" around the toast's own close button (axe: nested-interactive,
+  // a screen reader hears one control inside another): the close button stays the toast's one control.
+  const plainToasts = () => document.querySelectorAll('.toast-header[role="button"]').forEach((h) => {
+    h.removeAttribute('role'); h.removeAttribute('tabindex');
+  });
+  new MutationObserver(plainToasts).observe(document.body, {childList: true, subtree: true});
+
   // The conversation is one Tab stop: its per-message buttons (copy, edit, thumbs) are reached with the
   // arrow keys (roving tabindex), so Tab goes from the chat to the message box in one press.
   const editing = (chat) => chat.querySelector('.edit-textarea');

@@ -54,15 +54,17 @@ class Sampler:
         where that decides the filters (engine/nucleus.py), else over the whole vocabulary."""
         params = [r.params for r in requests]
         tokens = torch.empty(len(requests), dtype=torch.long, device=logits.device)
-        short = nucleus.shortlist(logits, params)
-        if short.rows:
+        found, rest = nucleus.shortlists(logits, params)
+        for short in found:
+            if not short.rows:
+                continue
             order = short.ids.argsort(dim=-1)  # token-id order: equal logits, however topk ranked them, draw alike
             ids, kept = short.ids.gather(1, order), short.logits.gather(1, order)
             picks = self._inverse_cdf(kept, [requests[i] for i in short.rows])
             tokens[short.rows] = ids.gather(1, picks.unsqueeze(1)).squeeze(1)
-        if short.rest:
-            full = nucleus.filtered_by_sort(logits[short.rest], [params[i] for i in short.rest])
-            tokens[short.rest] = self._inverse_cdf(full, [requests[i] for i in short.rest])
+        if rest:
+            full = nucleus.filtered_by_sort(logits[rest], [params[i] for i in rest])
+            tokens[rest] = self._inverse_cdf(full, [requests[i] for i in rest])
         return tokens
 
     def _inverse_cdf(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:

@@ -87,7 +87,7 @@ def test_shortlisted_filters_keep_what_the_whole_sorted_vocabulary_keeps():
     g = torch.Generator().manual_seed(5)
     settings = [dict(top_p=0.9), dict(top_p=0.5, top_k=20), dict(top_k=3), dict(top_k=200), dict(min_p=0.1),
                 dict(min_p=0.001), dict(top_p=0.99, min_p=0.05), dict(top_p=0.95, top_k=100), dict(), dict(top_p=1.0)]
-    for scale in (0.3, 3.0, 12.0):  # flat (most rows fall back), realistic, peaked (all decided in the shortlist)
+    for scale in (0.3, 2.5, 12.0):  # flat (most rows fall back), realistic (the wider shortlist), peaked
         logits = torch.randn(len(settings) * 3, 5000, generator=g) * scale
         params = [SamplingParams(temperature=1.0, **s) for s in settings] * 3
         ours, sorted_ = nucleus.filtered(logits, params), nucleus.filtered_by_sort(logits, params)
@@ -95,6 +95,9 @@ def test_shortlisted_filters_keep_what_the_whole_sorted_vocabulary_keeps():
         assert torch.equal(ours[ours.isfinite()], logits[ours.isfinite()])
     peaked = torch.randn(4, 5000, generator=g) * 12.0
     assert len(nucleus.shortlist(peaked, [SamplingParams(top_p=0.9)] * 4).rows) == 4
+    wider = torch.randn(4, 5000, generator=g) * 2.5  # nuclei of hundreds: decided by the second width
+    found, rest = nucleus.shortlists(wider, [SamplingParams(top_p=0.9)] * 4)
+    assert [len(s.rows) for s in found] == [0, 4] and rest == []
 
 
 def test_a_draw_follows_the_filtered_distribution():

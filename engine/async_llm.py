@@ -2,7 +2,7 @@
 or event loop submit requests and read their deltas from an async iterator.
 
 Locking rule: only the engine thread touches the LLMEngine. Other threads talk to it through
-`_inbox` (commands under `_lock`) and get answers through futures and per-request queues; what
+`_inbox` (engine/inbox.py) and get answers through futures and per-request queues; what
 they may read directly is `info` (immutable) and the Prometheus metrics (thread-safe).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import psutil
 from engine.client import EngineDeadError, ModelInfo
 from engine.config import EngineConfig
 from engine.cpu_turns import cpu_turn
+from engine.inbox import Inbox
 from engine.llm_engine import LLMEngine
 from engine.metrics import EngineMetrics
 from engine.snapshot import take_snapshot
@@ -50,9 +51,7 @@ class AsyncLLM:
         self.metrics: EngineMetrics | None = None
         self.state = "loading"  # loading | ready | draining | dead
         self.error: str | None = None
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._inbox: list[tuple[Callable[[], None], concurrent.futures.Future | None]] = []  # (command, its answer)
+        self._inbox = Inbox()
         self._streams: dict[str, _Stream] = {}
         self._ids = itertools.count()
         self._stop = False
@@ -74,7 +73,7 @@ class AsyncLLM:
 
     def shutdown(self) -> None:
         self._stop = True
-        self._wake.set()
+        self._inbox.wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
         for engine in (self._engine, self._draining):
@@ -236,34 +235,16 @@ class AsyncLLM:
             return False
 
     def _submit(self, command: Callable[[], None], answer: concurrent.futures.Future | None = None) -> None:
-        """Queues `command` for the engine thread; `answer` is the future its caller waits on, failed
-        with EngineDeadError if the engine stops before running the command."""
-        with self._lock:
-            if self.state == "dead":
-                raise EngineDeadError(self.error or "the engine loop is not running")
-            self._inbox.append((command, answer))
-        self._wake.set()
+        """Queues `command` for the engine thread; `answer` is the future its caller waits on."""
+        self._inbox.put(command, answer)
 
-    def _next_command(self) -> Callable[[], None] | None:
-        """The oldest queued command, taken off the inbox (one at a time, so that if one crashes the
-        loop, those behind it are still there for _fail_everyone)."""
-        with self._lock:
-            if not self._inbox:
-                self._wake.clear()
-                return None
-            return self._inbox.pop(0)[0]
-
-    def _fail_everyone(self) -> None:
-        """The engine thread is ending: every caller still waiting (a queued command's future, an open
-        stream) gets EngineDeadError instead of waiting for ever."""
-        dead = EngineDeadError(self.error or "the engine loop is not running")
-        with self._lock:
-            stranded, self._inbox = self._inbox, []
-        for _, answer in stranded:
-            if answer is not None and not answer.done():
-                answer.set_exception(dead)
+    def _end(self, error: str) -> None:
+        """The engine thread is ending: the engine is dead, and every caller still waiting (a queued
+        command's future, an open stream) gets EngineDeadError instead of waiting for ever."""
+        self.state, self.error = "dead", error
+        self._inbox.close(error)
         for stream in list(self._streams.values()):
-            self._put(stream, dead)
+            self._put(stream, EngineDeadError(error))
         self._streams.clear()
 
     # ---- the engine thread ----------------------------------------------------------------
@@ -275,7 +256,7 @@ class AsyncLLM:
             self.state = "ready"
         except Exception as e:  # noqa: BLE001
             log.exception("model load failed")
-            self.state, self.error = "dead", f"model load failed: {e}"
+            self._end(f"model load failed: {e}")
             self._loaded.set()
             return
         self._loaded.set()
@@ -283,17 +264,14 @@ class AsyncLLM:
             self._loop()
         except Exception as e:  # noqa: BLE001 - a crashed loop fails everyone, loudly
             log.exception("engine loop crashed")
-            with self._lock:
-                self.state, self.error = "dead", f"engine loop crashed: {type(e).__name__}: {e}"
             self.metrics.set_healthy(False)
-        else:  # shut down
-            with self._lock:
-                self.state, self.error = "dead", self.error or "the engine was shut down"
-        self._fail_everyone()
+            self._end(f"engine loop crashed: {type(e).__name__}: {e}")
+        else:
+            self._end(self.error or "the engine was shut down")
 
     def _loop(self) -> None:
         while not self._stop:
-            while command := self._next_command():
+            while command := self._inbox.take():
                 command()
             engine = self._engine  # a command may have switched the model
             outputs = []
@@ -310,5 +288,5 @@ class AsyncLLM:
                 self._deliver(out)
             self.metrics.on_step(engine.get_stats(), stepped=bool(outputs) or busy)
             if not busy:
-                self._wake.wait(timeout=1.0)
+                self._inbox.wake.wait(timeout=1.0)
 

@@ -2,8 +2,8 @@
 
 The chat samples every turn with repetition_penalty 1.1, so each decode step penalises, in every
 row, each distinct token of that request's context (system prompt, history, reply so far). Done row
-by row (a set over the whole context, a sort, an index per row) it cost 24-40 ms a step at 64
-sessions; here each request keeps its distinct ids as a tensor brought up to date with the tokens
+by row (a set over the whole context, a sort, an index per row) it cost 9-14 ms a step at 64
+customer-service sessions (bench.sampling); here each request keeps its distinct ids as a tensor brought up to date with the tokens
 appended since its last step (SeenTokens), and one gather / scatter covers the batch.
 """
 from __future__ import annotations

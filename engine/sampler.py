@@ -4,6 +4,8 @@ allowed_token_ids, bad_words, structured-output grammars). Penalties are applied
 once (engine/penalties.py); only masks and seeded draws touch rows one by one."""
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from engine import cpu_kernels, nucleus
@@ -88,24 +90,21 @@ class Sampler:
         the argmax rule for greedy rows, the rejection rule on the tempered, filtered distribution
         (top-k / top-p / min-p) for the others."""
         sizes = [1 + len(d) for d in drafts]
+        starts = list(itertools.accumulate(sizes, initial=0))  # each request's first row
         if any(_masks(r) or r.params.has_penalties for r in requests):
-            logits, row = logits.clone(), 0
-            for req, d, n in zip(requests, drafts, sizes):
-                for i in range(n) if _masks(req) else ():
+            logits = logits.clone()
+            for req, d, row in zip(requests, drafts, starts):
+                for i in range(len(d) + 1) if _masks(req) else ():
                     self._mask_row(logits[row + i], req, d[:i])
-                row += n
-            row_requests = [req for req, n in zip(requests, sizes) for _ in range(n)]
-            apply_penalties(logits, row_requests, [d[:i] for d, n in zip(drafts, sizes) for i in range(n)])
-            row = 0
-            for req, d, n in zip(requests, drafts, sizes):
+            apply_penalties(logits, [req for req, n in zip(requests, sizes) for _ in range(n)],
+                            [d[:i] for d in drafts for i in range(len(d) + 1)])
+            for req, d, row in zip(requests, drafts, starts):
                 if req.grammar is not None:
-                    apply_draft_masks(logits[row:row + n], req.grammar, d)
-                row += n
+                    apply_draft_masks(logits[row:row + len(d) + 1], req.grammar, d)
         targets = _argmax(logits).split(sizes)
         sampling = [i for i, r in enumerate(requests) if not r.params.greedy]
         probs: dict[int, torch.Tensor] = {}
         if sampling:
-            starts = [sum(sizes[:i]) for i in range(len(sizes))]
             rows = torch.tensor([starts[i] + j for i in sampling for j in range(sizes[i])], device=logits.device)
             params = [requests[i].params for i in sampling for _ in range(sizes[i])]
             temps = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)

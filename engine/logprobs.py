@@ -25,7 +25,5 @@ class LogprobsRecorder:
             req = requests.get(request_id)
             if req is None:
                 continue
-            if not req.prompt_logprobs:
-                req.prompt_logprobs.append(None)  # nothing scores the first prompt token
             if first == len(req.prompt_logprobs):  # a chunk recomputed after preemption adds nothing
                 req.prompt_logprobs.extend(self.entry(e) for e in entries)

@@ -63,7 +63,8 @@ class Request:
         self.grammar = None  # an llguidance matcher when the request asks for structured output
         self.bad_words_ids: list[list[int]] = []  # token sequences never to complete
         self.logprobs: list[dict] = []  # per output token: id -> Logprob (when params.logprobs is set)
-        self.prompt_logprobs: list[dict | None] = []  # per prompt token, the first None (params.prompt_logprobs)
+        # per prompt token (when params.prompt_logprobs is set), the first None: nothing scores it
+        self.prompt_logprobs: list[dict | None] = [None] if params.prompt_logprobs is not None else []
         self.draft_len = 0  # speculative decoding: drafts to propose at most (0: the configured k)
         self.num_draft_tokens = 0  # drafts verified for it, and how many of them were kept
         self.num_accepted_tokens = 0

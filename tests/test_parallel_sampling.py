@@ -79,5 +79,8 @@ def test_n_samples_share_one_prompt_scoring_and_each_has_its_own_logprobs(llm):
     out = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=9, max_tokens=5, logprobs=1,
                                                 prompt_logprobs=0))[0]
     assert len(out.prompt_logprobs) == len(prompt) and out.prompt_logprobs[0] is None
+    for n in (1, 3):  # a one-token prompt has one entry too, None (echo with logprobs reads it)
+        one = llm.generate([prompt[:1]], SamplingParams(n=n, temperature=1.0, max_tokens=2, prompt_logprobs=1))[0]
+        assert one.prompt_logprobs == [None]
     for sample in out.outputs:
         assert [t in entry for t, entry in zip(sample.token_ids, sample.logprobs)] == [True] * 5

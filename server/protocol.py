@@ -37,6 +37,13 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None  # a tool message: the call it answers
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs its content (only an assistant's tool calls may stand "
+                             "without it)")
+        return self
+
     def as_dict(self) -> dict:
         """What the chat template and engine/tools.py read."""
         out = {"role": self.role, "content": self.text()}

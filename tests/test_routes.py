@@ -121,6 +121,7 @@ def test_engine_refusals_become_openai_errors(fake, http, refusal, status, code)
     ("/v1/chat/completions", {"messages": HELLO, "max_tokens": 0}, "max_tokens"),
     ("/v1/chat/completions", {"messages": HELLO, "top_p": 0}, "top_p"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0"),
     ("/v1/completions", {"prompt": [], "max_tokens": 3}, "prompt"),
     ("/v1/chat/completions", {"messages": HELLO, "seed": 2**70}, "seed"),
     ("/v1/chat/completions", {"messages": HELLO, "temperature": float("inf")}, "temperature"),

@@ -5,6 +5,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 
 import pytest
 
@@ -147,9 +148,22 @@ def test_stop_mid_reply_aborts_the_engine_request_and_keeps_what_was_shown(page,
     # mid-reply, by the engine's count (the screen can lag seconds behind a fast model on a busy machine)
     wait_for(lambda: stats().num_running == 1 and stats().generation_tokens_total - generated_before >= 16, 120,
              "the reply to be under way")
+    box, held = page.locator("#msg textarea"), threading.Event()
+    hold = threading.Thread(target=app_url.llm.run_on_engine_thread, args=(lambda engine: held.wait(120), 130))
+    hold.start()  # the engine waits, mid-reply, however slow the browser is
+    try:  # Enter mid-reply: not sent, kept in the box, the customer told why
+        box.fill("And the exchange policy?")
+        box.press("Enter")
+        expect(page.locator("[data-testid='toast-text']")).to_contain_text("still being written")
+        assert box.input_value() == "And the exchange policy?"
+        expect(page.locator("#chatbot [data-testid='user']")).to_have_count(1)
+    finally:
+        held.set()
+        hold.join()
     page.locator("#stop").focus()
     page.keyboard.press("Enter")
     expect(bots(page).last).to_contain_text("stopped")  # the stored reply, shown with its footer
+    assert box.input_value() == "And the exchange policy?"
     content, reason, generated = db_rows(app_url, "select content, finish_reason, generated_tokens from messages "
                                                   "where role = 'assistant' order by id desc limit 1")[0]
     assert reason == "abort" and 0 < generated < 1024
@@ -165,6 +179,10 @@ def test_stop_mid_reply_aborts_the_engine_request_and_keeps_what_was_shown(page,
     max_tokens.fill("256")
     expect(page.locator("#max-tokens input[type='number']")).to_have_value("256")
     page.locator("#sampling").click()
+    box.press("Enter")  # the kept message, sent now that the chat is free
+    expect(page.locator("#chatbot [data-testid='user']")).to_have_count(2)
+    expect(bots(page).last).to_contain_text("generated")
+    assert box.input_value() == ""
 
 
 LINES_OF_TEXT = """e => {  // how many lines the element's text takes on screen

@@ -38,7 +38,8 @@ async def drain(gen):
 def test_a_turn_streams_then_stores_both_messages_with_token_ids(chat, fake):
     uid, sid = chat.current(None, None, tab("alice"))
     updates = asyncio.run(drain(chat.send(uid, sid, "Where is my parcel?", 0.0, 1.0, 64, request=tab("alice"))))
-    assert len(updates) > 3 and updates[-1][1] == ""  # streamed, then the box is cleared
+    assert len(updates) > 3  # streamed, never touching the box (stage cleared it; the next message may be typed)
+    assert all(box == gr.update() for _, box in updates)
     messages = chat.store.messages(uid, sid)
     assert [m["role"] for m in messages] == ["user", "assistant"]
     assert messages[0]["token_ids"] == fake.requests[-1]["prompt"]
@@ -158,7 +159,7 @@ def test_a_message_sent_while_the_model_loads_shows_a_loading_line_and_is_answer
     waiting, placeholder, after_load, rest = asyncio.run(scenario())
     shown = waiting[0]
     assert [m["role"] for m in shown] == ["user", "assistant"] and "loading the model" in shown[1]["content"]
-    assert shown[0]["content"] == "Is the shop open on Sunday?" and waiting[1] == ""
+    assert shown[0]["content"] == "Is the shop open on Sunday?" and waiting[1] == gr.update()
     assert "loading the model" in placeholder["placeholder"]
     assert after_load[-1]["placeholder"] == "Ask the support assistant anything."  # the demo page's hint, once ready
     assert [m["role"] for m in chat.store.messages(uid, sid)] == ["user", "assistant"]  # answered once ready
@@ -370,23 +371,32 @@ def test_a_reply_is_stored_as_it_grows_and_a_crash_leaves_it_interrupted(chat, f
     asyncio.run(crash_then_restart())
 
 
-def test_a_second_tab_cannot_interleave_turns_on_one_chat(chat, fake, monkeypatch):
+def test_a_second_message_or_tab_cannot_interleave_turns_on_one_chat(chat, fake, monkeypatch):
+    """While a reply streams, a message from its own tab stays in the box (the screen keeps the
+    reply), and one from another tab is refused too: turns alternate."""
     warnings = []
     monkeypatch.setattr(gr, "Warning", warnings.append)
     uid, sid = chat.current(None, None, tab("alice"))
 
-    async def two_tabs():
+    async def while_one_streams():
         fake.gate = asyncio.Event()
         first = asyncio.ensure_future(drain(chat.send(uid, sid, "From tab one", 0.0, 1.0, 64,
                                                       request=tab("alice", "tab-1"))))
-        await asyncio.sleep(0.01)
-        second = await drain(chat.send(uid, sid, "From tab two", 0.0, 1.0, 64, request=tab("alice", "tab-2")))
+        for _ in range(10_000):
+            if sid in chat.service.busy:
+                break
+            await asyncio.sleep(0)
+        staged = chat.stage("Again from tab one", [], sid)
+        same = await drain(chat.send(uid, sid, "Again from tab one", 0.0, 1.0, 64, request=tab("alice", "tab-1")))
+        other = await drain(chat.send(uid, sid, "From tab two", 0.0, 1.0, 64, request=tab("alice", "tab-2")))
         fake.gate.set()
         await first
-        return second
+        return staged, same, other
 
-    second = asyncio.run(two_tabs())
-    assert "already answering" in warnings[0] and second[-1][1] == "From tab two"  # kept in that tab's box
+    staged, same, other = asyncio.run(while_one_streams())
+    assert staged == (gr.update(), gr.update(), "Again from tab one")  # not cleared, not shown as sent
+    assert "still being written" in warnings[0] and same == [(gr.update(), "Again from tab one")]
+    assert "already answering" in warnings[1] and other[-1][1] == "From tab two"  # kept in that tab's box
     assert [m["role"] for m in chat.store.messages(uid, sid)] == ["user", "assistant"]
 
 
@@ -466,7 +476,7 @@ def test_a_reply_cut_by_a_vanished_engine_is_kept_as_interrupted_and_the_chat_go
     monkeypatch.setattr(gr, "Warning", warnings.append)
     fake.die_after = 3
     updates = asyncio.run(drain(chat.send(uid, sid, "Where is my parcel?", 0.0, 1.0, 64, request=tab("erin"))))
-    assert "went away" in warnings[0] and updates[-1][1] == ""  # sent: the box stays empty
+    assert "went away" in warnings[0] and updates[-1][1] == gr.update()  # sent: the box stays as is
     messages = chat.store.messages(uid, sid)
     assert [m["role"] for m in messages] == ["user", "assistant"]
     assert messages[1]["finish_reason"] == "interrupted" and messages[1]["token_ids"] == fake.reply_ids[:3]

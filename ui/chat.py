@@ -126,8 +126,9 @@ class ChatService:
     async def _guarded(self, flight: InFlight, user, session_id, text, params, tab, regenerate, client):
         """The turn, registered as the chat's one turn in flight and holding a slot of the user's cap
         until it ends, however it ends (finished, cancelled, closed by stop)."""
-        if session_id in self.busy:
-            raise Refusal("already_answering")
+        if session_id in self.busy:  # this tab's own reply still streaming, or another tab's
+            same_tab = self.busy[session_id].tab == tab
+            raise Refusal("still_answering" if same_tab else "already_answering")
         with self.limiter.slot(user):
             self.busy[session_id] = flight
             try:

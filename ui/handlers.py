@@ -144,11 +144,10 @@ class ChatHandlers(TurnHandlers, PersonHandlers):
             await asyncio.to_thread(client.wait_ready, MODEL_WAIT_S)
         yield outputs(ready)
 
-    @staticmethod
-    def stage_quick_reply(history, data: gr.SelectData):
+    def stage_quick_reply(self, history, data: gr.SelectData):
         """A quick-reply chip: its fixed text shows at once and is sent as the customer's message."""
         value = data.value if isinstance(data.value, dict) else {"text": str(data.value or "")}
-        return ChatHandlers.stage(value.get("text", ""), history)
+        return self.stage(value.get("text", ""), history)
 
     def open_session(self, uid, sid, request: gr.Request):
         uid = self.who(uid, request)

@@ -226,16 +226,18 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
     def marks(event):
         return _with_marks(chat, state, pane, event)
     turn_inputs = [user, session, pane.pending, *sampling]
-    stage = dict(fn=chat.stage, inputs=[pane.msg, pane.chatbot], outputs=[pane.msg, pane.chatbot, pane.pending],
-                 queue=False, **PRIVATE)
-    send_events = [pane.send_btn.click(**stage).then(chat.send, turn_inputs, [pane.chatbot, pane.msg],
-                                                     concurrency_limit=None, api_name="send"),
-                   pane.msg.submit(**stage).then(chat.send, turn_inputs, [pane.chatbot, pane.msg],
-                                                 concurrency_limit=None, **PRIVATE)]
+    stage = dict(fn=chat.stage, inputs=[pane.msg, pane.chatbot, session],
+                 outputs=[pane.msg, pane.chatbot, pane.pending], queue=False, **PRIVATE)
+    # "multiple": a message sent while the reply streams reaches `send`, which keeps it in the box and
+    # says why (Gradio's default drops an event whose last run is still pending, and with it the text)
+    send = dict(fn=chat.send, inputs=turn_inputs, outputs=[pane.chatbot, pane.msg], concurrency_limit=None,
+                trigger_mode="multiple")
+    send_events = [pane.send_btn.click(**stage).then(**send, api_name="send"),
+                   pane.msg.submit(**stage).then(**send, **PRIVATE)]
     if not chat.demo:  # quick-reply chips in an empty chat send their fixed text
         send_events.append(pane.chatbot.example_select(
             chat.stage_quick_reply, [pane.chatbot], [pane.msg, pane.chatbot, pane.pending], queue=False,
-            **PRIVATE).then(chat.send, turn_inputs, [pane.chatbot, pane.msg], concurrency_limit=None, **PRIVATE))
+            **PRIVATE).then(**send, **PRIVATE))
     for event in send_events:
         marks(event.then(chat.refresh, [user, session], [side.sessions, session, side.title], show_progress="hidden",
                          **PRIVATE))

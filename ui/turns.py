@@ -64,21 +64,24 @@ class TurnHandlers:
         return info.default_sampling(temperature=temperature, top_p=top_p, max_tokens=int(max_new),
                                      repetition_penalty=CHAT_REPETITION_PENALTY if penalty is None else penalty)
 
-    @staticmethod
-    def stage(text, history):
-        """Browser only, unqueued: the message shows at once and the box clears; `send` follows."""
+    def stage(self, text, history, sid=None):
+        """Browser only, unqueued: the message shows at once and the box clears; `send` follows. While
+        the chat's reply is still being written the text stays in the box, and `send` says why."""
         text = (text or "").strip()
         if not text:
             return gr.update(), gr.update(), ""
+        if sid is not None and sid in self.service.busy:
+            return gr.update(), gr.update(), text
         return "", list(history or []) + [{"role": "user", "content": text_of({"role": "user", "content": text})},
                                           TYPING], text
 
     async def send(self, uid, sid, text, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
         """A turn. The sliders (temp .. penalty) are the demo page's inputs; the customer chat has none.
-        In the customer chat, a message asking for a person, or sent while the chat waits for one or
-        is with one, is stored for the person and the model does not answer. The database is used
-        from worker threads: a locked or missing one refuses this turn (the text back in the box),
-        never the event loop that serves everyone else."""
+        The box is left alone (stage cleared it, and the customer may be typing the next message) but
+        for a refused message, which goes back into it. In the customer chat, a message asking for a
+        person, or sent while the chat waits for one or is with one, is stored for the person and the
+        model does not answer. The database is used from worker threads: a locked or missing one
+        refuses this turn (the text back in the box), never the event loop that serves everyone else."""
         raw, text = text, (text or "").strip()
         if not text:
             yield gr.update(), gr.update()
@@ -86,24 +89,26 @@ class TurnHandlers:
         try:
             uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
             if not self.demo and await asyncio.to_thread(self._for_person, uid, sid, text):
-                yield await self._shown(uid, sid), ""
+                yield await self._shown(uid, sid), gr.update()
                 return
             version = await asyncio.to_thread(self._version, uid, sid)
             client = self.engine_for(version)
             if client.state == "loading":  # a fresh start: the message waits for the model, on screen
                 history = await asyncio.to_thread(self.store.messages, uid, sid)
+                waiting = {"role": "assistant", "content": f"*{say(request, 'loading')}*"}
                 yield self.display(history) + [{"role": "user", "content": text_of({"role": "user", "content": text})},
-                                               {"role": "assistant", "content": f"*{say(request, 'loading')}*"}], ""
+                                               waiting], gr.update()
                 await asyncio.to_thread(client.wait_ready, MODEL_WAIT_S)
             params = self._params(client, version, (temp, p, max_new, penalty))
             turn = self.service.turn(uid, sid, text, params, request.session_hash, client=client)
             async with contextlib.aclosing(turn):
                 async for messages, _ in turn:
-                    yield messages, ""
+                    yield messages, gr.update()
         except REFUSALS as e:
             self._warn(e, request)
             sent = isinstance(e, ReplyCut)  # else unsent: the message goes back into the box, as typed
-            yield await self._shown(uid, sid), "" if sent else raw
+            streaming = isinstance(e, Refusal) and e.key == "still_answering"  # its reply keeps the screen
+            yield gr.update() if streaming else await self._shown(uid, sid), gr.update() if sent else raw
 
     def _for_person(self, uid: str, sid: str, text: str) -> bool:
         """The customer chat: a message asking for a person, or sent while one is involved, is stored

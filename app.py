@@ -103,7 +103,7 @@ def build_app(args: argparse.Namespace):
     """FastAPI with the API routes first, then the Gradio UI mounted at / (routes added first win)."""
     import gradio as gr
 
-    from fastapi.responses import RedirectResponse
+    from fastapi.responses import FileResponse, RedirectResponse
 
     from server.middleware import FrameAncestorsMiddleware, KnownAssistantsMiddleware, LanguageCookieMiddleware
     from server.routes import create_app
@@ -112,7 +112,7 @@ def build_app(args: argparse.Namespace):
     from ui.i18n import I18N, LANG_COOKIE, LANGUAGES
     from ui.customer import build_customer_ui
     from ui.layout import build_ui
-    from ui.page import assets as page_assets
+    from ui.page import FAVICON, assets as page_assets
 
     store = Store(args.db)
     cut = store.mark_interrupted()
@@ -162,6 +162,9 @@ def build_app(args: argparse.Namespace):
         app = gr.mount_gradio_app(app, demo, path="/", **mount)
     else:
         app.add_api_route("/", lambda: RedirectResponse(f"/chat/{assistants.DEFAULT_SLUG}/"), include_in_schema=False)
+        # every page's icon, which the browser asks the root for
+        app.add_api_route("/favicon.ico", lambda: FileResponse(FAVICON, media_type="image/svg+xml"),
+                          include_in_schema=False)
     return app, client
 
 

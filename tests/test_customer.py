@@ -35,6 +35,8 @@ def shop(tiny_chat_model, tmp_path_factory):
 def test_the_root_leads_to_the_default_assistant_and_unknown_ones_are_a_clear_404(shop):
     r = httpx.get(shop.url + "/", follow_redirects=False)
     assert r.status_code in (302, 307) and r.headers["location"] == f"/chat/{assistants.DEFAULT_SLUG}/"
+    r = httpx.get(shop.url + "/favicon.ico", follow_redirects=True)  # no 404 in a customer's console
+    assert r.status_code == 200 and r.headers["content-type"].startswith("image/")
     r = httpx.get(shop.url + "/chat/no-such-desk/")
     assert r.status_code == 404 and "There is no assistant at" in r.text and "/chat/support/" in r.text
     r = httpx.get(shop.url + "/chat/no-such-desk/", cookies={"pagedchat_lang": "ko"})

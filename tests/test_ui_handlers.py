@@ -371,9 +371,10 @@ def test_a_reply_is_stored_as_it_grows_and_a_crash_leaves_it_interrupted(chat, f
     asyncio.run(crash_then_restart())
 
 
-def test_a_second_message_or_tab_cannot_interleave_turns_on_one_chat(chat, fake, monkeypatch):
+def test_while_a_reply_streams_nothing_else_starts_or_changes_the_chat(chat, fake, monkeypatch):
     """While a reply streams, a message from its own tab stays in the box (the screen keeps the
-    reply), and one from another tab is refused too: turns alternate."""
+    reply), regenerate and edit are refused before they touch the chat, and a message from another
+    tab is refused too: turns alternate."""
     warnings = []
     monkeypatch.setattr(gr, "Warning", warnings.append)
     uid, sid = chat.current(None, None, tab("alice"))
@@ -388,16 +389,23 @@ def test_a_second_message_or_tab_cannot_interleave_turns_on_one_chat(chat, fake,
             await asyncio.sleep(0)
         staged = chat.stage("Again from tab one", [], sid)
         same = await drain(chat.send(uid, sid, "Again from tab one", 0.0, 1.0, 64, request=tab("alice", "tab-1")))
+        regenerated = await drain(chat.regenerate(uid, sid, 0.0, 1.0, 64, request=tab("alice", "tab-1")))
+        edit = gr.EditData(None, {"index": 0, "value": "Edited", "previous_value": "From tab one"})
+        edited = await drain(chat.edit_from_here(uid, sid, 0.0, 1.0, 64, 1.1, edit, tab("alice", "tab-1")))
         other = await drain(chat.send(uid, sid, "From tab two", 0.0, 1.0, 64, request=tab("alice", "tab-2")))
         fake.gate.set()
         await first
-        return staged, same, other
+        return staged, same, regenerated, edited, other
 
-    staged, same, other = asyncio.run(while_one_streams())
+    staged, same, regenerated, edited, other = asyncio.run(while_one_streams())
     assert staged == (gr.update(), gr.update(), "Again from tab one")  # not cleared, not shown as sent
     assert "still being written" in warnings[0] and same == [(gr.update(), "Again from tab one")]
-    assert "already answering" in warnings[1] and other[-1][1] == "From tab two"  # kept in that tab's box
-    assert [m["role"] for m in chat.store.messages(uid, sid)] == ["user", "assistant"]
+    # regenerate and edit change nothing mid-reply (an edit branched the message being answered away)
+    assert all("wait for it" in w for w in warnings[1:3]) and regenerated == [gr.update()]
+    assert edited == [(gr.update(), gr.update())]
+    assert "already answering" in warnings[3] and other[-1][1] == "From tab two"  # kept in that tab's box
+    messages = chat.store.messages(uid, sid)
+    assert [(m["role"], m["content"]) for m in messages][0] == ("user", "From tab one") and len(messages) == 2
 
 
 def test_deleting_a_chat_while_it_streams_stops_the_reply_cleanly(chat, fake, monkeypatch):

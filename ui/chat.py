@@ -123,12 +123,17 @@ class ChatService:
             else:
                 await flight.steps.aclose()
 
+    def refuse_if_busy(self, session_id: str, tab: str, own: str = "still_answering") -> None:
+        """Turns alternate: while the chat's reply is being written, in this tab (a Refusal with the
+        `own` key) or another, nothing may start a turn or change the chat."""
+        flight = self.busy.get(session_id)
+        if flight is not None:
+            raise Refusal(own if flight.tab == tab else "already_answering")
+
     async def _guarded(self, flight: InFlight, user, session_id, text, params, tab, regenerate, client):
         """The turn, registered as the chat's one turn in flight and holding a slot of the user's cap
         until it ends, however it ends (finished, cancelled, closed by stop)."""
-        if session_id in self.busy:  # this tab's own reply still streaming, or another tab's
-            same_tab = self.busy[session_id].tab == tab
-            raise Refusal("still_answering" if same_tab else "already_answering")
+        self.refuse_if_busy(session_id, tab)
         with self.limiter.slot(user):
             self.busy[session_id] = flight
             try:

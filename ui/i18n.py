@@ -55,6 +55,7 @@ SAID = {
         "already_answering": "This chat is already answering (in another tab?): wait for the reply or press Stop.",
         "still_answering": "The reply is still being written, so your message was not sent: it stays in the box. "
                            "Send it when the reply is done, or press Stop.",
+        "wait_for_reply": "The reply is still being written: wait for it to finish, or press Stop.",
         "not_yours": "This chat does not exist or is not yours.",
         "nothing_to_regenerate": "There is no reply to regenerate yet.",
         "too_long": "This message makes the conversation {tokens} tokens long; the assistant reads at most {limit}. "
@@ -88,6 +89,7 @@ SAID = {
         "already_answering": "이 대화는 이미 답변 중입니다 (다른 탭에서?). 답변을 기다리거나 중지를 눌러 주세요.",
         "still_answering": "아직 답변을 작성하는 중이라 메시지를 보내지 않았습니다. 메시지는 입력란에 남아 있으니 답변이 "
                            "끝난 뒤 보내거나 중지를 눌러 주세요.",
+        "wait_for_reply": "아직 답변을 작성하는 중입니다. 답변이 끝날 때까지 기다리거나 중지를 눌러 주세요.",
         "not_yours": "이 대화가 없거나 내 대화가 아닙니다.",
         "nothing_to_regenerate": "아직 다시 생성할 답변이 없습니다.",
         "too_long": "이 메시지를 보내면 대화가 {tokens}토큰이 되어, 어시스턴트가 읽을 수 있는 {limit}토큰을 넘습니다. "

@@ -4,7 +4,11 @@ whole conversation (its per-message buttons reached by the arrow keys), Escape t
 and a label on the edit box. Passed to gr.mount_gradio_app(theme=, css=, js=)."""
 from __future__ import annotations
 
+import os
+
 import gradio as gr
+
+FAVICON = os.path.join(os.path.dirname(__file__), "favicon.svg")  # served at /favicon.ico (Gradio's pages link none)
 
 # Gradio's default orange (#f97316) and red (#ef4444) buttons carry white text at 2.8:1 and 3.8:1;
 # their 700 shades give 5.2:1 and 6.5:1 (AA asks 4.5:1 for text under 18.66 px bold). Subdued text

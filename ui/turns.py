@@ -107,8 +107,7 @@ class TurnHandlers:
         except REFUSALS as e:
             self._warn(e, request)
             sent = isinstance(e, ReplyCut)  # else unsent: the message goes back into the box, as typed
-            streaming = isinstance(e, Refusal) and e.key == "still_answering"  # its reply keeps the screen
-            yield gr.update() if streaming else await self._shown(uid, sid), gr.update() if sent else raw
+            yield await self._after_refusal(e, uid, sid), gr.update() if sent else raw
 
     def _for_person(self, uid: str, sid: str, text: str) -> bool:
         """The customer chat: a message asking for a person, or sent while one is involved, is stored
@@ -118,6 +117,12 @@ class TurnHandlers:
         self.store.add_message(uid, sid, "user", text, [])
         self.handoff.ask(sid)
         return True
+
+    async def _after_refusal(self, e: Exception, uid: str | None, sid: str | None):
+        """The chatbot after a refused event: the chat as stored, but where this tab's reply is still
+        streaming, which keeps the screen."""
+        streaming = isinstance(e, Refusal) and e.key in ("still_answering", "wait_for_reply")
+        return gr.update() if streaming else await self._shown(uid, sid)
 
     async def _shown(self, uid: str | None, sid: str | None):
         """The chat as stored, for the chatbot; where the database cannot say, the screen stays as it is."""
@@ -151,6 +156,7 @@ class TurnHandlers:
     async def regenerate(self, uid, sid, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
         try:
             uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+            self.service.refuse_if_busy(sid, request.session_hash, own="wait_for_reply")
             if not await asyncio.to_thread(self._clear_last_reply, uid, sid):
                 gr.Warning(say(request, "person_busy"))
                 yield await self._shown(uid, sid)
@@ -164,7 +170,7 @@ class TurnHandlers:
                     yield messages
         except REFUSALS as e:
             self._warn(e, request)
-            yield await self._shown(uid, sid)
+            yield await self._after_refusal(e, uid, sid)
 
     def _clear_last_reply(self, uid: str, sid: str) -> bool:
         """Before regenerating: the last reply goes. False (nothing changed) while a person has the chat."""
@@ -182,10 +188,11 @@ class TurnHandlers:
         index = data.index if isinstance(data.index, int) else data.index[0]
         try:
             uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+            self.service.refuse_if_busy(sid, request.session_hash, own="wait_for_reply")
             refused = await asyncio.to_thread(self._branch_at, uid, sid, index)
-        except StoreError as e:
+        except REFUSALS as e:
             self._warn(e, request)
-            yield await self._shown(uid, sid), gr.update()
+            yield await self._after_refusal(e, uid, sid), gr.update()
             return
         if refused:
             gr.Warning(say(request, refused))

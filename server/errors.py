@@ -51,6 +51,11 @@ async def _validation_error(request: Request, e: RequestValidationError):
         return JSONResponse(shaped(request.url.path, f"The request body is not valid JSON (error at character {where}: "
                                        f"{first.get('ctx', {}).get('error', 'parse error')}).",
                                        "invalid_request_error"), status_code=400)
+    kind = request.headers.get("content-type", "")
+    if tuple(first.get("loc", ())) == ("body",) and "json" not in kind:  # the body was never read as JSON
+        return JSONResponse(shaped(request.url.path, f"The request body must be JSON, sent with Content-Type: "
+                                   f"application/json (this request's Content-Type: {kind or 'none'}).",
+                                   "invalid_request_error"), status_code=400)
     where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
     msg = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
                     for err in e.errors()[:5])

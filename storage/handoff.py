@@ -71,12 +71,14 @@ class Handoff:
 
     def inbox(self, recent_seconds: float = 3600) -> list[dict]:
         """Chats waiting (oldest first), then those with a person, then those the assistant answered
-        in the last `recent_seconds` (an operator may take one over)."""
+        in the last `recent_seconds` (an operator may take one over; a chat only opened, with no
+        message yet, is not listed)."""
         with self.store._db() as db:
             return list(db.query(
                 "select s.id, s.user_id, s.title, s.assistant, s.state, s.agent, s.waiting_since, s.updated, "
                 "(select content from messages m where m.session_id = s.id and m.replaced is null "
-                " order by m.id desc limit 1) as last from sessions s where s.state != 'assistant' or s.updated > ? "
+                " order by m.id desc limit 1) as last from sessions s where s.state != 'assistant' "
+                "or (s.updated > ? and exists (select 1 from messages m where m.session_id = s.id)) "
                 "order by case s.state when 'waiting' then 0 when 'agent' then 1 else 2 end, "
                 "coalesce(s.waiting_since, 0), s.updated desc limit 200", [time.time() - recent_seconds]))
 

@@ -85,6 +85,9 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
     agent = logged_in(chromium, f"{shop.url}/console/", "alex", "pw-x")
     expect(agent.locator("#inbox-table")).to_contain_text("waiting for a person")
     expect(agent.locator("#inbox-table tbody tr")).to_have_count(1)  # the page load made one chat, not two
+    agent.locator("#inbox-table [role=gridcell]", has_text="login:cara").click()  # a click on its row opens the chat
+    expect(agent.locator("#inbox-chat")).to_contain_text("tent arrived torn")
+    expect(agent.locator("#inbox-state")).to_contain_text("waiting for a person")
     assert agent.locator("#assistants").count() == 0 or not agent.locator("#assistants").is_visible()
     take_and_reply(agent, "tent arrived torn", "Hi, I'm Alex. I have sent you a return label.")
     expect(agent.locator("#inbox-chat")).to_contain_text("return label")

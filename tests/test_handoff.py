@@ -60,8 +60,12 @@ def test_asking_in_words_hands_the_chat_over(shop, text):
 
 def test_an_agent_takes_replies_and_hands_back(shop):
     uid, sid = send(shop, "cara", "talk to a person")
+    _, only_opened = shop.chat.current(None, None, customer("olga"))  # a chat page opened, nothing said
     rows, picker = shop.inbox.rows(agent("alex"))
     assert rows[0][0] == sid and rows[0][1] == "waiting for a person" and sid in picker["choices"]
+    assert only_opened not in picker["choices"]
+    picked, _, state = shop.inbox.pick_row(SimpleNamespace(row_value=rows[0]), agent("alex"))  # a click on the row
+    assert picked == sid and "waiting for a person" in state
     _, state = shop.inbox.take(sid, agent("alex"))
     assert "with a person (alex)" in state
     chat, _, box = shop.inbox.reply(sid, "Sorry about the tent, I have sent a return label.", agent("alex"))

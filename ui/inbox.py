@@ -14,6 +14,7 @@ from storage.handoff import Handoff
 from ui.display import display
 
 INBOX_COLUMNS = ["chat", "state", "agent", "waiting", "assistant", "customer", "last message"]
+INBOX_WIDTHS = ["130px", "170px", "90px", "80px", "100px", "200px", "auto"]  # short and empty columns stay legible
 MAX_REPLY_CHARS = 4000
 STATE_WORDS = {"waiting": "waiting for a person", "agent": "with a person", "assistant": "with the assistant"}
 
@@ -48,6 +49,14 @@ class InboxHandlers:
         if not sid:
             return [], ""
         return self._shown(sid)
+
+    def pick_row(self, data: gr.SelectData, request: gr.Request):
+        """A click on a row of the table opens its chat, as picking it in the list does."""
+        row = data.row_value or []
+        sid = row[0] if row else None
+        if not sid:
+            return gr.update(), gr.update(), gr.update()
+        return sid, *self.open(sid, request)
 
     def take(self, sid: str | None, request: gr.Request):
         name = self._name(request)
@@ -103,7 +112,8 @@ class InboxHandlers:
 def inbox_panel() -> SimpleNamespace:
     with gr.Accordion("Handoff inbox", open=True, elem_id="inbox"):
         refresh_btn = gr.Button("Refresh", size="sm", elem_id="inbox-refresh")
-        table = gr.Dataframe(headers=INBOX_COLUMNS, interactive=False, wrap=True, elem_id="inbox-table")
+        table = gr.Dataframe(headers=INBOX_COLUMNS, column_widths=INBOX_WIDTHS, interactive=False, wrap=True,
+                             elem_id="inbox-table")
         pick = gr.Dropdown([], label="Chat", allow_custom_value=True, elem_id="inbox-pick")
         state = gr.Markdown(elem_id="inbox-state")
         chat = gr.Chatbot(height=360, sanitize_html=True, elem_id="inbox-chat")
@@ -124,6 +134,7 @@ def wire_inbox(page: gr.Blocks, timer: gr.Timer, inbox: InboxHandlers, box: Simp
     timer.tick(inbox.rows, None, listing, show_progress="hidden", **private)
     box.refresh_btn.click(inbox.rows, None, listing, **private)
     box.pick.input(inbox.open, [box.pick], [box.chat, box.state], **private)
+    box.table.select(inbox.pick_row, None, [box.pick, box.chat, box.state], **private)
     timer.tick(inbox.open, [box.pick], [box.chat, box.state], show_progress="hidden", **private)
     box.take_btn.click(inbox.take, [box.pick], [box.chat, box.state], **private)
     box.back_btn.click(inbox.hand_back, [box.pick], [box.chat, box.state], **private)

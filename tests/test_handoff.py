@@ -52,6 +52,30 @@ def test_the_button_puts_the_chat_in_line_and_the_model_stays_quiet(shop):
     assert shop.store.messages(uid, sid)[-1]["content"] == "Hello? Anyone?"
 
 
+def test_asking_for_a_person_while_the_reply_streams_stays_in_the_box(shop, monkeypatch):
+    """Turns alternate: the message is not stored (for a person or anyone) until the reply ends."""
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    uid, sid = shop.chat.current(None, None, customer("cara"))
+
+    async def mid_reply():
+        shop.fake.gate = asyncio.Event()
+        first = asyncio.ensure_future(drain(shop.chat.send(uid, sid, "Where is my tent?", request=customer("cara"))))
+        for _ in range(10_000):
+            if sid in shop.chat.service.busy:
+                break
+            await asyncio.sleep(0)
+        asked = await drain(shop.chat.send(uid, sid, "talk to a person", request=customer("cara")))
+        shop.fake.gate.set()
+        await first
+        return asked
+
+    assert asyncio.run(mid_reply())[-1][1] == "talk to a person" and "still being written" in warnings[0]
+    assert shop.chat.handoff.state(sid)["state"] == "assistant"
+    assert [m["content"] for m in shop.store.messages(uid, sid)][0] == "Where is my tent?"
+    assert len(shop.store.messages(uid, sid)) == 2
+
+
 @pytest.mark.parametrize("text", ["상담원 연결 해주세요", "Can I talk to a person please?", "I want a HUMAN agent"])
 def test_asking_in_words_hands_the_chat_over(shop, text):
     uid, sid = send(shop, "cara", text)

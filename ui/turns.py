@@ -88,6 +88,7 @@ class TurnHandlers:
             return
         try:
             uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+            self.service.refuse_if_busy(sid, request.session_hash)  # before anything is stored
             if not self.demo and await asyncio.to_thread(self._for_person, uid, sid, text):
                 yield await self._shown(uid, sid), gr.update()
                 return

@@ -8,8 +8,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 
 from engine.client import EngineClient, EngineDeadError, EngineOverloadedError
 from engine.sampling_params import SamplingParams, StructuredOutputsParams
@@ -18,6 +17,7 @@ from engine.tool_calls import ToolCallParser
 from engine.tools import NO_CALL_GRAMMAR, ToolPlan
 from storage import StoreError, StoreUnavailable
 from ui import actions
+from ui.flights import InFlight, TurnsInFlight
 from ui.conversation import build_prompt, call_message, chat_messages, extend, template_text
 from ui.display import TYPING, display, in_flight
 from ui.reply import ReplyWriter
@@ -63,18 +63,8 @@ class Prepared:
     grounding: object
 
 
-@dataclasses.dataclass
-class InFlight:
-    """A chat's turn in flight: the tab it streams to, its generator (stop closes it, saying so in
-    `closing`) and an event set when it has ended."""
-    tab: str
-    steps: AsyncGenerator | None = None
-    closing: bool = False  # stop is closing the turn's generator
-    ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-
-
-class ChatService:
-    """Everything a chat event needs: the engine client, the store, the active requests per tab."""
+class ChatService(TurnsInFlight):
+    """Everything a chat event needs: the engine client, the store, the turns in flight (ui/flights.py)."""
 
     def __init__(self, client: EngineClient, store, limiter: UserLimiter | None = None,
                  salt_by_user: bool = False, render=display, tools_for=None, on_handoff=None,
@@ -104,31 +94,6 @@ class ChatService:
         flight = InFlight(tab)
         flight.steps = self._guarded(flight, user, session_id, text, params, tab, regenerate, client or self.client)
         return self._follow(flight)
-
-    @staticmethod
-    async def _follow(flight: InFlight):
-        """What the event iterates: the turn's updates, until they end or stop closes the turn. The
-        event never touches a turn stop is closing (its generator is busy then): it waits for the
-        end and stops quietly."""
-        try:
-            while not flight.closing:
-                try:
-                    update = await anext(flight.steps)
-                except StopAsyncIteration:
-                    return
-                yield update
-        finally:
-            if flight.closing:
-                await flight.ended.wait()
-            else:
-                await flight.steps.aclose()
-
-    def refuse_if_busy(self, session_id: str, tab: str, own: str = "still_answering") -> None:
-        """Turns alternate: while the chat's reply is being written, in this tab (a Refusal with the
-        `own` key) or another, nothing may start a turn or change the chat."""
-        flight = self.busy.get(session_id)
-        if flight is not None:
-            raise Refusal(own if flight.tab == tab else "already_answering")
 
     async def _guarded(self, flight: InFlight, user, session_id, text, params, tab, regenerate, client):
         """The turn, registered as the chat's one turn in flight and holding a slot of the user's cap
@@ -248,58 +213,9 @@ class ChatService:
         await reply.finish(reason)
         yield self.render(await asyncio.to_thread(self.store.messages, user, session_id)), True
 
-    async def _generate(self, client: EngineClient, prompt_ids: list[int], params: SamplingParams, tab: str,
-                        session_id: str, salt):
-        """One engine request, aborted if the turn is left early; the tab can stop it meanwhile."""
-        request_id = f"chat-{uuid.uuid4().hex[:12]}"
-        self.active.setdefault(tab, {})[request_id] = client
-        try:
-            stream = client.generate(prompt_ids, params, request_id=request_id, session_id=session_id,
-                                          cache_salt=salt)
-            async with contextlib.aclosing(stream):  # leaving early aborts the engine request
-                async for out in stream:
-                    yield out
-        finally:
-            self.active.get(tab, {}).pop(request_id, None)
-
     @staticmethod
     def _limit(info, params: SamplingParams) -> int:
         """Tokens a prompt may take: the context less room for the reply (at most a quarter of it)."""
         quarter = info.max_model_len // 4
         return info.max_model_len - min(params.max_tokens or quarter, quarter)
 
-    async def stop(self, tab: str, session_id: str, wait_s: float = 5.0) -> None:
-        """Stop: the tab's engine requests are aborted now, and the chat's turn ends with its reply
-        stored as shown, marked "abort". Waits at most `wait_s` for the turn to end."""
-        self.abort_tab(tab)
-        flight = self.busy.get(session_id)
-        if flight is not None:
-            await self._end(flight, wait_s)
-
-    async def close_tab(self, tab: str, wait_s: float = 5.0) -> None:
-        """A closed tab: its engine requests are aborted and its turns end as stopped ones do."""
-        self.abort_tab(tab)
-        for flight in [f for f in self.busy.values() if f.tab == tab]:
-            await self._end(flight, wait_s)
-
-    @staticmethod
-    async def _end(flight: InFlight, wait_s: float) -> None:
-        """Ends a turn whose engine request was aborted. Gradio's cancel does not always reach the
-        turn: one parked between two updates (its event's task cancelled while not inside it, or the
-        tab gone) would never be resumed to read the abort, so it is closed here; one awaiting the
-        engine reads the abort's final output, then parks or ends."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while not flight.ended.is_set() and loop.time() < deadline:
-            if not flight.steps.ag_running:
-                flight.closing = True
-                await flight.steps.aclose()
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(flight.ended.wait(), 0.05)
-
-    def abort_tab(self, tab: str) -> int:
-        requests = self.active.pop(tab, {})
-        for rid, client in requests.items():
-            client.abort(rid)
-        return len(requests)

@@ -40,7 +40,9 @@ run: install
 	$(PY) app.py $(ARGS)
 
 test: install-dev browser tools
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15  # two workers, whole modules each; the slowest printed
+# Three workers on two cores, whole modules each: the browser and server tests wait on Chromium and on
+# their servers much of the time (Zen 3, 2 cores, the same hour: 1123 s with two workers, 835 s with three).
+	$(PY) -m pytest -q -n 3 --dist loadfile --durations=15  # the slowest printed
 
 # The fast tier: no model loaded, no server started (pytest.ini's markers); about half a minute here.
 test-fast: install-dev

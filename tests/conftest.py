@@ -45,9 +45,9 @@ def smol32():
 
 @pytest.fixture(scope="session")
 def gptq_cache(tmp_path_factory):
-    """A cache folder shared by the tests that run our GPTQ on SmolLM2 (~40-110 s here), by both
-    xdist workers too: whichever first holds its lock (`gptq_lock`) writes the checkpoint where the
-    operator's "gptq (quantize now)" looks for it, the other reuses it."""
+    """A cache folder shared by the tests that run our GPTQ on SmolLM2 (~40-110 s here), by every
+    xdist worker too: whichever first holds its lock (`gptq_lock`) writes the checkpoint where the
+    operator's "gptq (quantize now)" looks for it, the others reuse it."""
     base = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent  # this run's folder, above each worker's own
@@ -154,7 +154,7 @@ MODEL_FIXTURES = {"smol_parts", "hf_smol", "smol32", "tiny_model", "tiny_chat_mo
 
 def pytest_collection_modifyitems(config, items):
     """A test that takes a model fixture is e2e, whatever its module says. Modules holding a slow or
-    browser test run first (in their own order): `make test` spreads whole modules over two
+    browser test run first (in their own order): `make test` spreads whole modules over three
     workers (pytest-xdist, --dist loadfile), and the longest started first end together."""
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("e2e"):

@@ -1,5 +1,6 @@
 """The live engine panel: one background sampler for every open tab (the engine client is asked
-for a snapshot once a second, whatever the number of viewers), and the HTML / plot data it renders."""
+for a snapshot once a second, whatever the number of viewers, and each sample is rendered once for
+all of them), and the HTML / plot data it renders."""
 from __future__ import annotations
 
 import colorsys
@@ -33,17 +34,27 @@ class PanelSampler:
         self.history: deque[dict] = deque(maxlen=keep)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._rendered: tuple[tuple, tuple] | None = None  # (what it was rendered from, the outputs)
 
     def render(self) -> tuple:
         """The model line, the panel's HTML, memory line and plot frames (PLOTS order) as of the
-        latest sample."""
+        latest sample. Built once per sample and shared by every open panel until the next: each
+        asks every second, and one build took 12 ms on a Zen 3 (a 60 KB page map, five frames)."""
         self.ensure_running()
-        snap, history = self.latest, list(self.history)
         line = model_line(self.client) + others_line(self.fleet)
-        if self.remote:
-            return (line, remote_html(self.client), "", *(series([], names) for names in PLOTS))
-        return (line, page_map_html(snap), memory_html(snap),
-                *(series(history, names) for names in PLOTS))
+        with self._lock:
+            snap, history, remote = self.latest, list(self.history), self.remote
+            cached = self._rendered
+        source = (line, remote, snap)
+        if cached is not None and cached[0][:2] == source[:2] and cached[0][2] is snap:
+            return cached[1]
+        if remote:
+            out = (line, remote_html(self.client), "", *(series([], names) for names in PLOTS))
+        else:
+            out = (line, page_map_html(snap), memory_html(snap), *(series(history, names) for names in PLOTS))
+        with self._lock:
+            self._rendered = (source, out)
+        return out
 
     def ensure_running(self) -> None:
         with self._lock:
@@ -52,21 +63,25 @@ class PanelSampler:
                 self._thread.start()
 
     def _run(self) -> None:
-        previous = None
         while True:
-            time.sleep(self.interval if previous else 0.1)
-            if not self.client.ready:
-                continue
-            try:
-                snap = self.client.snapshot()
-            except Exception:  # noqa: BLE001 - a missed sample is not worth a crash
-                continue
-            if snap is None:  # the engine runs elsewhere: nothing to sample
-                self.remote = True
+            time.sleep(self.interval if self.latest else 0.1)
+            if self.client.ready and not self.sample():
                 return
+
+    def sample(self) -> bool:
+        """Takes one snapshot into the history (a failed one is skipped); False once the client says
+        the engine runs elsewhere, so there is nothing to sample."""
+        try:
+            snap = self.client.snapshot()
+        except Exception:  # noqa: BLE001 - a missed sample is not worth a crash
+            return True
+        with self._lock:
+            if snap is None:
+                self.remote = True
+                return False
+            self.history.append(_point(snap, self.latest))
             self.latest = snap
-            self.history.append(_point(snap, previous))
-            previous = snap
+        return True
 
 
 def _point(snap: dict, previous: dict | None) -> dict:

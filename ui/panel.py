@@ -34,7 +34,8 @@ class PanelSampler:
         self.history: deque[dict] = deque(maxlen=keep)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._rendered: tuple[tuple, tuple] | None = None  # (what it was rendered from, the outputs)
+        self.samples = 0  # samples taken (and the switch to a remote engine): what a rendering is of
+        self._rendered: tuple[str, int, tuple] | None = None  # (model line, samples, the outputs)
 
     def render(self) -> tuple:
         """The model line, the panel's HTML, memory line and plot frames (PLOTS order) as of the
@@ -43,17 +44,16 @@ class PanelSampler:
         self.ensure_running()
         line = model_line(self.client) + others_line(self.fleet)
         with self._lock:
-            snap, history, remote = self.latest, list(self.history), self.remote
+            snap, history, remote, samples = self.latest, list(self.history), self.remote, self.samples
             cached = self._rendered
-        source = (line, remote, snap)
-        if cached is not None and cached[0][:2] == source[:2] and cached[0][2] is snap:
-            return cached[1]
+        if cached is not None and cached[:2] == (line, samples):
+            return cached[2]
         if remote:
             out = (line, remote_html(self.client), "", *(series([], names) for names in PLOTS))
         else:
             out = (line, page_map_html(snap), memory_html(snap), *(series(history, names) for names in PLOTS))
         with self._lock:
-            self._rendered = (source, out)
+            self._rendered = (line, samples, out)
         return out
 
     def ensure_running(self) -> None:
@@ -76,6 +76,7 @@ class PanelSampler:
         except Exception:  # noqa: BLE001 - a missed sample is not worth a crash
             return True
         with self._lock:
+            self.samples += 1
             if snap is None:
                 self.remote = True
                 return False

@@ -133,10 +133,10 @@ ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *
     else tile8_i8(packed, scales, x, xd, xsum, y, b0, m0, K, N, MR, NB);
 }
 
-/* Blocks [b0, b0 + nb) for rows [m0, M): chunks of 8 rows one block at a time (block by block, all
- * chunks: 24-48 rows of SmolLM2's linears streamed 10-25% faster than chunk by chunk), fewer rows over more
- * blocks at once (about the same count of independent accumulators; one row over 8 blocks streamed
- * SmolLM2's 4-bit weights at 10.8 GB/s against 8.6 over 4). */
+/* Blocks [b0, b0 + nb) for rows [m0, M): from 8 rows, a few blocks at a time met by every chunk of rows
+ * (block by block, all chunks: 24-48 rows of SmolLM2's linears streamed 10-25% faster than chunk by chunk);
+ * the rows left over in fewer rows over more blocks at once (about the same count of independent
+ * accumulators; one row over 8 blocks streamed SmolLM2's 4-bit weights at 10.8 GB/s against 8.6 over 4). */
 ALWAYS_INLINE void columns(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
                            const float *xqsum, uint16_t *y, int64_t b0, int nb, int m0, int M, int K, int G, int group,
                            int N, const enum kind KIND) {

@@ -32,7 +32,7 @@ class MessagesRequest(BaseModel):
     system: str | list[dict] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: float | None = None
+    temperature: float | None = Field(default=None, ge=0, le=1)  # Anthropic's range, unlike OpenAI's 0-2
     top_p: float | None = None
     top_k: int | None = None
     tools: list | None = None

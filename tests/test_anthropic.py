@@ -153,6 +153,7 @@ def test_keys_are_read_from_x_api_key(smol_tokenizer):
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "client tools"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
     ({"max_tokens": 100000, "messages": [{"role": "user", "content": "x"}]}, "maximum context length"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "model": "claude-opus"}, "does not exist"),
     ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "mcp_servers": []}, "mcp_servers"),

@@ -140,6 +140,8 @@ class EngineStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     num_steps: int = 0
+    prefill_tokens_total: int = 0  # rows computed for prompts (prefix-cache hits are not computed)
+    decode_tokens_total: int = 0  # rows computed for decodes, speculative drafts included
     last_batch_size: int = 0
     last_prefill_tokens: int = 0
     last_decode_tokens: int = 0
@@ -164,6 +166,8 @@ class EngineStats:
         self.last_decode_tokens = decode_tokens
         self.last_prefill_tokens = sched.num_tokens - decode_tokens
         self.last_step_seconds = seconds
+        self.prefill_tokens_total += self.last_prefill_tokens
+        self.decode_tokens_total += decode_tokens
         self.generation_tokens_total += num_sampled
 
     def record_disk(self, disk, queries: int, hits: int) -> None:

@@ -30,7 +30,7 @@ ON_LOAD = """() => {
   if (sidebar && window.innerWidth < 768) sidebar.querySelector('button[aria-label="Toggle Sidebar"]').click();
 }"""
 ENGLISH = TEXT["en"].__getitem__  # the demo page's words
-PLOT_TITLES = ("Requests and preemptions", "Tokens per step", "Generated tok/s", "Prefix-cache hit rate",
+PLOT_TITLES = ("Requests and preemptions", "Tokens per step (mean)", "Generated tok/s", "Prefix-cache hit rate",
                "Memory (MiB)")  # one per panel.PLOTS entry
 
 
@@ -142,8 +142,17 @@ def engine_panel() -> SimpleNamespace:
     """The live engine panel: KV page map, memory, the time series."""
     panel = gr.HTML(page_map_html(None), elem_id="panel")
     memory = gr.HTML()
-    plots = [gr.LinePlot(x="seconds", y="value", color="series", title=t, height=200) for t in PLOT_TITLES]
+    plots = [time_plot(t) for t in PLOT_TITLES]
     return SimpleNamespace(**locals())
+
+
+def time_plot(title: str) -> gr.LinePlot:
+    """One of the panel's series over the last samples. Every series is a count, a rate or MiB, never
+    below 0; the hit rate is a share of the prompt tokens (Vega's own ticks print an all-zero series as
+    0.000000)."""
+    y_lim, y_format = ([0, 1], ".0%") if title == "Prefix-cache hit rate" else ([0, None], ",~r")
+    return gr.LinePlot(x="seconds", y="value", color="series", title=title, height=200, y_lim=y_lim,
+                       y_axis_format=y_format)
 
 
 def operator_controls(models: dict[str, str | None], quant_choices: list[str], quant_value: str,

@@ -49,9 +49,11 @@ class PanelSampler:
         if cached is not None and cached[:2] == (line, samples):
             return cached[2]
         if remote:
-            out = (line, remote_html(self.client), "", *(series([], names) for names in PLOTS))
+            out = (line, remote_html(self.client), "", *(None for _ in PLOTS))
         else:
-            out = (line, page_map_html(snap), memory_html(snap), *(series(history, names) for names in PLOTS))
+            plots = plot_names(self.client)
+            frames = [series(history, names) for names in plots] if plots else [None] * len(PLOTS)
+            out = (line, page_map_html(snap), memory_html(snap), *frames)
         with self._lock:
             self._rendered = (line, samples, out)
         return out
@@ -87,11 +89,14 @@ class PanelSampler:
 
 def _point(snap: dict, previous: dict | None) -> dict:
     s = snap["stats"]
-    point = {"t": snap["time"], "running": s["num_running"], "waiting": s["num_waiting"],
-             "batch": s["last_batch_size"], "prefill": s["last_prefill_tokens"], "decode": s["last_decode_tokens"],
-             "hit_rate": 0.0, "tokens_per_s": 0.0, "preemptions": 0}
+    point = {"t": snap["time"], "running": s["num_running"], "waiting": s["num_waiting"], "prefill": 0.0,
+             "decode": 0.0, "hit_rate": 0.0, "tokens_per_s": 0.0, "preemptions": 0}
     if previous is not None:
         p = previous["stats"]
+        steps = s["num_steps"] - p["num_steps"]
+        if steps > 0:  # the steps since the last sample, on average (none: idle, nothing to show)
+            point["prefill"] = (s["prefill_tokens_total"] - p["prefill_tokens_total"]) / steps
+            point["decode"] = (s["decode_tokens_total"] - p["decode_tokens_total"]) / steps
         dt = max(snap["time"] - previous["time"], 1e-6)
         point["tokens_per_s"] = max(s["generation_tokens_total"] - p["generation_tokens_total"], 0) / dt
         queries = s["prefix_cache_queries"] - p["prefix_cache_queries"]
@@ -102,9 +107,6 @@ def _point(snap: dict, previous: dict | None) -> dict:
     point["KV in use"] = m["kv_cache"] * s["kv_blocks_used"] / max(s["kv_blocks_total"], 1) / mib
     if "cuda_allocated" in m:
         point["GPU allocated"] = m["cuda_allocated"] / mib
-        steps = s["num_steps"] - p["num_steps"]
-        if steps <= 0:
-            point["batch"] = point["prefill"] = point["decode"] = 0
     return point
 
 
@@ -236,8 +238,22 @@ def memory_html(snap: dict | None) -> str:
 
 
 def series(history, names: list[str]) -> pd.DataFrame:
-    """Long-format frame for a gr.LinePlot: seconds ago, value, series name."""
+    """Long-format frame for a gr.LinePlot: seconds ago, value, series name. Every name has a row
+    (0 now if not yet sampled): a plot's legend and colours are those of its first frame, and a
+    series first seen later would never be drawn."""
     now = time.time()
     rows = [{"seconds": round(p["t"] - now, 1), "value": float(p[name]), "series": name}
             for p in history for name in names if name in p]
-    return pd.DataFrame(rows or [{"seconds": 0.0, "value": 0.0, "series": names[0]}])
+    seen = {row["series"] for row in rows}
+    rows += [{"seconds": 0.0, "value": 0.0, "series": name} for name in names if name not in seen]
+    return pd.DataFrame(rows)
+
+
+def plot_names(client: EngineClient) -> list[list[str]] | None:
+    """PLOTS for this engine's device (the GPU line only on CUDA); None while it loads, when the
+    device is not yet known (an empty plot takes the first real frame's series)."""
+    info = client.info
+    if info is None:
+        return None
+    cuda = info.device.startswith("cuda")
+    return [[name for name in names if cuda or name != "GPU allocated"] for names in PLOTS]

@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from engine.client import ContextLengthError, EngineDeadError, EngineOverloadedError
 from engine.errors import parameter_of
 from server.limits import TooManyRequestsError
-from server.protocol import error_body
+from server.replies import error_body
 
 
 class APIError(Exception):

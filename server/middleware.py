@@ -8,7 +8,7 @@ from http.cookies import SimpleCookie
 
 from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.errors import shaped
-from server.protocol import new_id
+from server.replies import new_id
 
 API_PATHS = ("/v1/", "/tokenize", "/detokenize")  # the Gradio UI mounted beside it has its own limits
 

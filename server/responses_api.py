@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Request
 
 from server.deps import check_key, finish_logger, generation, prepare_chat
 from server.errors import APIError
-from server.protocol import now
+from server.replies import now
 from server.responses_items import ResponsesRequest, input_messages, item_id, known_calls
 from server.responses_stream import finished_response, response_events, stream_failure
 from server.streaming import collect, finish_reason, sse, started

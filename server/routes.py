@@ -20,8 +20,8 @@ from server.errors import APIError, bad_request, install_error_handlers
 from server.limits import UserLimiter
 from server.http_metrics import HTTPMetrics, HTTPMetricsMiddleware
 from server.middleware import BodySizeLimitMiddleware, RequestIdMiddleware
-from server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                             TokenizeRequest, new_id, now, usage)
+from server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from server.replies import new_id, now, usage
 from server.logprobs import CompletionLogprobs, chat_logprobs
 from server.responses_api import ResponseStore
 from server.responses_api import router as responses_router

@@ -15,7 +15,7 @@ from engine.outputs import ChoiceCollector
 from engine.tool_calls import ToolCallParser
 from server.errors import APIError
 from server.logprobs import CompletionLogprobs, chat_logprobs
-from server.protocol import chat_chunk, completion_chunk, error_body, usage
+from server.replies import chat_chunk, completion_chunk, error_body, usage
 
 
 def finish_reason(out, error: str | None = None) -> str | None:

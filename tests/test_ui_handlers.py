@@ -48,6 +48,18 @@ def test_a_turn_streams_then_stores_both_messages_with_token_ids(chat, fake):
     assert chat.store.session(uid, sid)["title"].startswith("Where is my parcel")
 
 
+@pytest.mark.parametrize("text, title", [
+    ("Tell me about your return policy in detail please.", "Tell me about your return policy in…"),
+    ("  two\nlines ", "two lines"),
+    ("https://example.com/a/very/long/address/without/spaces", "https://example.com/a/very/long/address…"),
+    ("텐트 배송 언제 와요?", "텐트 배송 언제 와요?"),
+])
+def test_a_chat_is_titled_by_its_first_message_cut_at_a_word(chat, text, title):
+    uid, sid = chat.current(None, None, tab("alice"))
+    asyncio.run(drain(chat.send(uid, sid, text, 0.0, 1.0, 8, request=tab("alice"))))
+    assert chat.store.session(uid, sid)["title"] == title and len(title) <= 40
+
+
 def test_the_next_turn_starts_with_the_previous_turns_exact_tokens(chat, fake):
     uid, sid = chat.current(None, None, tab("alice"))
     asyncio.run(drain(chat.send(uid, sid, "Hello", 0.0, 1.0, 64, request=tab("alice"))))

@@ -34,6 +34,16 @@ class ReplyCut(EngineDeadError):
         self.key = key
 
 
+def chat_title(text: str, limit: int = 40) -> str:
+    """A new chat's title from its first message: one line, cut at a word where one ends within the
+    limit (with an ellipsis), else at the limit (a long word, text without spaces)."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line or "New chat"
+    cut = line[:limit - 1]
+    return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut).rstrip(" ,.;:") + "…"
+
+
 def after_call(tokenizer, context_ids: list[int], messages: list[dict], record: dict, plan, encode) -> list[int]:
     """The prompt after a call: what the engine saw (prompt and call), then the call's result as a
     tool message and the assistant's turn, rendered by the template (token for token where it can)."""
@@ -144,7 +154,7 @@ class ChatService(TurnsInFlight):
         stored = self.store.add_message(user, session_id, "user", text, prompt.token_ids, model=model,
                                         trimmed_turns=prompt.trimmed)
         if len(history) == 0 and session["title"] == "New chat":
-            self.store.update_session(user, session_id, title=text[:40])
+            self.store.update_session(user, session_id, title=chat_title(text))
         return Prepared(prompt.token_ids, self.store.messages(user, session_id), text, history[prompt.trimmed:],
                         stored, tools, plan, system, encode, grounding)
 

@@ -121,16 +121,17 @@ enum kind { INT4 = 4, INT8 = 8, INT4_I8 = 12, INT8_I8 = 16, INT8G_I8 = 20, INT8G
 #include "quant_amx.h"
 #include "quant_amx_bf16.h"
 
+/* AHEAD: the int8-row tiles fetch the next NB blocks while they compute (fetch, quant_int8_rows.h). */
 ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
                             const float *xqsum, uint16_t *y, int64_t b0, int m0, int K, int G, int group, int N,
-                            const int MR, const int NB, const enum kind KIND) {
+                            const int MR, const int NB, const int AHEAD, const enum kind KIND) {
     if (KIND == INT4) tile4(packed, scales, x, xsum, y, b0, m0, K, G, group, N, MR, NB);
     else if (KIND == INT8) tile8(packed, scales, x, y, b0, m0, K, N, MR, NB);
-    else if (KIND == INT4_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB, 4);
-    else if (KIND == INT5_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB, 5);
-    else if (KIND == INT8G_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB, 32);
-    else if (KIND == INT8G16_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB, 16);
-    else tile8_i8(packed, scales, x, xd, xsum, y, b0, m0, K, N, MR, NB);
+    else if (KIND == INT4_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB, 4, AHEAD);
+    else if (KIND == INT5_I8) tile4_i8(packed, scales, x, xd, xsum, y, b0, m0, K, G, group, N, MR, NB, 5, AHEAD);
+    else if (KIND == INT8G_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB, 32, AHEAD);
+    else if (KIND == INT8G16_I8) tile8g_i8(packed, scales, x, xd, xsum, xqsum, y, b0, m0, K, G, N, MR, NB, 16, AHEAD);
+    else tile8_i8(packed, scales, x, xd, xsum, y, b0, m0, K, N, MR, NB, AHEAD);
 }
 
 /* Blocks [b0, b0 + nb) for rows [m0, M): from 8 rows, a few blocks at a time met by every chunk of rows
@@ -140,7 +141,9 @@ ALWAYS_INLINE void any_tile(const void *packed, const void *scales, const void *
 ALWAYS_INLINE void columns(const void *packed, const void *scales, const void *x, const float *xd, const float *xsum,
                            const float *xqsum, uint16_t *y, int64_t b0, int nb, int m0, int M, int K, int G, int group,
                            int N, const enum kind KIND) {
-#define TILE(MR, NB) any_tile(packed, scales, x, xd, xsum, xqsum, y, b0 + b, m, K, G, group, N, MR, NB, KIND)
+#define TILE(MR, NB, AHEAD) any_tile(packed, scales, x, xd, xsum, xqsum, y, b0 + b, m, K, G, group, N, MR, NB, AHEAD, KIND)
+/* the next NB blocks fetched ahead when `when` (where they exist, by the first chunk of rows to reach them) */
+#define TILE_AHEAD(MR, NB, when) do { if (when) TILE(MR, NB, 1); else TILE(MR, NB, 0); } while (0)
     int m = m0;
     if (M - m0 >= 8) { /* each block's weights stay in L1 while every chunk of 8 rows takes them */
         int b = 0;
@@ -148,37 +151,40 @@ ALWAYS_INLINE void columns(const void *packed, const void *scales, const void *x
          * AMD EPYC Zen 5 at ~80% of its throughput); SmolLM2's shapes 1.25-1.39x at 16-64 rows there */
         if (KIND == INT4_I8 || KIND == INT5_I8)
             for (; b + 2 <= nb; b += 2)
-                for (m = m0; m + 8 <= M; m += 8) TILE(8, 2);
+                for (m = m0; m + 8 <= M; m += 8) TILE_AHEAD(8, 2, m == m0 && b + 4 <= nb);
         /* 8-bit per channel (the LM head) from 32 rows: 4 rows by 3 blocks, 12 accumulators and the weights
          * read once per 4 rows; 49152x576 on a Zen 5 1.14-1.29x at 32-64 rows, 0.71x at 8 (so not below 32) */
         if (KIND == INT8_I8 && M - m0 >= 32) {
             for (; b + 3 <= nb; b += 3)
-                for (m = m0; m + 4 <= M; m += 4) TILE(4, 3);
+                for (m = m0; m + 4 <= M; m += 4) TILE_AHEAD(4, 3, m == m0 && b + 6 <= nb);
             for (; b < nb; b++)
-                for (m = m0; m + 4 <= M; m += 4) TILE(4, 1);
+                for (m = m0; m + 4 <= M; m += 4) TILE(4, 1, 0);
             m = M - (M - m0) % 4;
         } else {
             for (; b < nb; b++)
-                for (m = m0; m + 8 <= M; m += 8) TILE(8, 1);
+                for (m = m0; m + 8 <= M; m += 8) TILE_AHEAD(8, 1, m == m0 && b + 2 <= nb);
             m = M - (M - m0) % 8;
         }
     }
     for (; m + 4 <= M; m += 4) {
         int b = 0;
-        for (; b + 2 <= nb; b += 2) TILE(4, 2);
-        for (; b < nb; b++) TILE(4, 1);
+        for (; b + 2 <= nb; b += 2) TILE_AHEAD(4, 2, b + 4 <= nb);
+        for (; b < nb; b++) TILE(4, 1, 0);
     }
+    /* one or two rows: no fetching ahead (the weights' plain streams, which the hardware's prefetchers
+     * follow; fetching ahead took a one-session run to 0.94x) */
     for (; m + 2 <= M; m += 2) {
         int b = 0;
-        for (; b + 4 <= nb; b += 4) TILE(2, 4);
-        for (; b < nb; b++) TILE(2, 1);
+        for (; b + 4 <= nb; b += 4) TILE(2, 4, 0);
+        for (; b < nb; b++) TILE(2, 1, 0);
     }
     for (; m < M; m++) {
         int b = 0;
-        for (; b + 8 <= nb; b += 8) TILE(1, 8);
-        for (; b + 4 <= nb; b += 4) TILE(1, 4);
-        for (; b < nb; b++) TILE(1, 1);
+        for (; b + 8 <= nb; b += 8) TILE(1, 8, 0);
+        for (; b + 4 <= nb; b += 4) TILE(1, 4, 0);
+        for (; b < nb; b++) TILE(1, 1, 0);
     }
+#undef TILE_AHEAD
 #undef TILE
 }
 

@@ -90,9 +90,10 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
 @pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
 @pytest.mark.parametrize("dtype", OUR_KERNELS)
 @pytest.mark.parametrize("int8", [False, True], ids=["as-is", "int8-rows"])
-@pytest.mark.parametrize("n", [48, 80, 112])
+@pytest.mark.parametrize("n", [48, 80, 112, 6400])
 def test_our_int8_kernel_against_fp64_and_batch_invariant(dtype, int8, n):
-    """As the 4-bit test, and from 32 rows (the int8 rows' tiles of 4 rows by 3 blocks, their leftovers);
+    """As the 4-bit test, and from 32 rows (the int8 rows' tiles of 4 rows by 3 blocks, their leftovers;
+    6400 columns: a thread's share over 512 KB, where the leftover rows take each block in place);
     the extremes of int8 (-128 too: AVX2's kernel multiplies its magnitude by the row's bytes with its sign,
     and 128 * 127 twice still fits a 16-bit word)."""
     g = torch.Generator().manual_seed(n)
@@ -105,7 +106,7 @@ def test_our_int8_kernel_against_fp64_and_batch_invariant(dtype, int8, n):
     x[2, 32:64] = 0  # a group of zeros: step 0
     matmul = lambda rows: cpu_kernels.int8_matmul(rows, packed, scales, int8)  # noqa: E731
     alone = torch.cat([matmul(x[i:i + 1]) for i in range(41)])
-    for m in [*range(1, 12), 32, 35, 41]:
+    for m in [*range(1, 12), 15, 30, 32, 35, 41]:
         y = matmul(x[:m])
         ref = x[:m].double() @ deq.T
         slack = int8_rounding_bound(x[:m], deq) if int8 else 0

@@ -146,6 +146,17 @@ ALWAYS_INLINE void columns(const void *packed, const void *scales, const void *x
 #define TILE_AHEAD(MR, NB, when) do { if (when) TILE(MR, NB, 1); else TILE(MR, NB, 0); } while (0)
     int m = m0;
     if (M - m0 >= 8) { /* each block's weights stay in L1 while every chunk of 8 rows takes them */
+        /* The LM head's rows left over after the chunks take these blocks too, in smaller tiles (REST), as its
+         * part of the weights would not stay in L2 for a pass of their own: at 29-31 rows, a step's usual
+         * count at 32 sessions, it read its 28 MB four times (Zen 5, 49152x576 at 12-31 rows 1.06-1.55x).
+         * SmolLM2's 4-bit linears take a pass of their own, in tiles of more blocks (0.86-0.99x in place). */
+        const int in_place = KIND == INT8_I8 && (int64_t)nb * K * 16 > (512 << 10);
+#define REST(NB, CHUNK) do { \
+            if (!in_place) break; \
+            if ((CHUNK) > 4 && m + 4 <= M) TILE(4, NB, 0), m += 4; \
+            if (m + 2 <= M) TILE(2, NB, 0), m += 2; \
+            if (m < M) TILE(1, NB, 0); \
+        } while (0)
         int b = 0;
         /* 4-bit with int8 rows: two blocks at a time, 16 accumulators, as vpdpbusd's latency wants (8 held an
          * AMD EPYC Zen 5 at ~80% of its throughput); SmolLM2's shapes 1.25-1.39x at 16-64 rows there */
@@ -154,17 +165,24 @@ ALWAYS_INLINE void columns(const void *packed, const void *scales, const void *x
                 for (m = m0; m + 8 <= M; m += 8) TILE_AHEAD(8, 2, m == m0 && b + 4 <= nb);
         /* 8-bit per channel (the LM head) from 32 rows: 4 rows by 3 blocks, 12 accumulators and the weights
          * read once per 4 rows; 49152x576 on a Zen 5 1.14-1.29x at 32-64 rows, 0.71x at 8 (so not below 32) */
-        if (KIND == INT8_I8 && M - m0 >= 32) {
-            for (; b + 3 <= nb; b += 3)
+        const int chunk = KIND == INT8_I8 && M - m0 >= 32 ? 4 : 8;
+        if (chunk == 4) {
+            for (; b + 3 <= nb; b += 3) {
                 for (m = m0; m + 4 <= M; m += 4) TILE_AHEAD(4, 3, m == m0 && b + 6 <= nb);
-            for (; b < nb; b++)
+                REST(3, 4);
+            }
+            for (; b < nb; b++) {
                 for (m = m0; m + 4 <= M; m += 4) TILE(4, 1, 0);
-            m = M - (M - m0) % 4;
-        } else {
-            for (; b < nb; b++)
+                REST(1, 4);
+            }
+        } else
+            for (; b < nb; b++) {
                 for (m = m0; m + 8 <= M; m += 8) TILE_AHEAD(8, 1, m == m0 && b + 2 <= nb);
-            m = M - (M - m0) % 8;
-        }
+                REST(1, 8);
+            }
+#undef REST
+        if (in_place) return;
+        m = M - (M - m0) % chunk; /* the rows left over, in a pass of their own */
     }
     for (; m + 4 <= M; m += 4) {
         int b = 0;

@@ -8,6 +8,8 @@ import os
 # 2-core machine one matmul ran 30x slower. libgomp reads this when torch first loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+__version__ = "0.1.0"  # the server's GET /version and FastAPI's title page say it
+
 _EXPORTS = {
     "LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "AsyncLLM": "engine.async_llm",
     "EngineConfig": "engine.config", "SamplingParams": "engine.sampling_params",

@@ -10,8 +10,10 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from server.middleware import API_PATHS, PROBE_PATHS
+
 # The routes served to operators and programs (the chat pages mounted beside them are not).
-COUNTED = ("/v1/", "/tokenize", "/detokenize", "/health", "/metrics", "/reset_prefix_cache")
+COUNTED = (*API_PATHS, *PROBE_PATHS, "/reset_prefix_cache")
 UNMATCHED = "/v1/{rest:path}"  # the catch-all that refuses unknown /v1 paths
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 

@@ -11,6 +11,7 @@ from server.errors import shaped
 from server.replies import new_id
 
 API_PATHS = ("/v1/", "/tokenize", "/detokenize")  # the Gradio UI mounted beside it has its own limits
+PROBE_PATHS = ("/health", "/ping", "/version", "/metrics")  # for operators' tools: no visitor cookie
 
 
 def request_cookies(scope) -> SimpleCookie:
@@ -98,7 +99,7 @@ class VisitorCookieMiddleware:
         self.app, self.cookie, self.secure, self.embedded = app, cookie, secure or embedded, embedded
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"].startswith((*API_PATHS, "/health", "/metrics")):
+        if scope["type"] != "http" or scope["path"].startswith((*API_PATHS, *PROBE_PATHS)):
             return await self.app(scope, receive, send)
         jar = request_cookies(scope)
         if VISITOR_COOKIE in jar and self.cookie.visitor(jar[VISITOR_COOKIE].value):

@@ -1,5 +1,5 @@
 """The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize,
-/detokenize, /health, /metrics (and /v1/responses in server/responses_api.py, Anthropic's /v1/messages
+/detokenize, /health (and vLLM's /ping), /version, /metrics (and /v1/responses in server/responses_api.py, Anthropic's /v1/messages
 in server/anthropic_api.py). Handlers are thin: they validate, render the prompt, and hand the
 request to whatever EngineClient the app was built with (in-process or remote)."""
 from __future__ import annotations
@@ -9,6 +9,7 @@ import asyncio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from engine import __version__
 from engine.client import EngineClient
 from engine.metrics import merge_expositions
 from engine.tool_calls import parse_reply
@@ -37,7 +38,7 @@ def create_app(client: EngineClient, *, credentials: Credentials | None = None, 
     """credentials: API keys (and logins); once there are any, every API call needs a key (and
     /metrics too with `private_metrics`).
     limiter: the per-user cap, shared with the chat page when both run in one process."""
-    app = FastAPI(title="pagedchat", docs_url=None, redoc_url=None)
+    app = FastAPI(title="pagedchat", version=__version__, docs_url=None, redoc_url=None)
     app.add_middleware(BodySizeLimitMiddleware, limit=max_request_bytes)
     app.add_middleware(RequestIdMiddleware)
     app.state.http_metrics = HTTPMetrics()
@@ -68,6 +69,17 @@ async def health(request: Request):
     if not client.ready:
         return JSONResponse({"status": client.state, "error": client.error, **problems}, status_code=503)
     return {"status": "degraded", **problems} if problems else {"status": "ok"}
+
+
+@router.api_route("/ping", methods=["GET", "POST"])
+async def ping(request: Request):
+    """vLLM's (and SageMaker's) liveness route: /health's answer."""
+    return await health(request)
+
+
+@router.get("/version")
+async def version():
+    return {"version": __version__}
 
 
 @router.get("/metrics")

@@ -11,6 +11,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import engine
 from engine import EngineConfig, SamplingParams
 from engine.async_llm import AsyncLLM
 from engine.client import EngineDeadError
@@ -191,8 +192,11 @@ def test_api_key_and_health(live):
     assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
     assert guarded.get("/v1/models", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
     assert guarded.get("/health").status_code == 200
+    assert guarded.get("/ping").json() == guarded.post("/ping").json() == {"status": "ok"}  # vLLM's, no key
+    assert guarded.get("/version").json() == {"version": engine.__version__}
     loading = TestClient(create_app(AsyncLLM(EngineConfig(), load=False)))
     assert loading.get("/health").status_code == 503
+    assert loading.get("/ping").status_code == loading.post("/ping").status_code == 503
     assert loading.post("/v1/chat/completions", json={"messages": QUESTION}).status_code == 503
 
 

@@ -82,6 +82,13 @@ def test_asking_in_words_hands_the_chat_over(shop, text):
     assert shop.fake.requests == [] and shop.chat.handoff.state(sid)["state"] == "waiting"
 
 
+def test_a_first_message_for_a_person_names_the_chat_as_a_model_turn_would(shop):
+    uid, sid = send(shop, "cara", "I want a HUMAN agent about my order")
+    assert shop.store.session(uid, sid)["title"] == "I want a HUMAN agent about my order"
+    send(shop, "cara", "hello?")
+    assert shop.store.session(uid, sid)["title"] == "I want a HUMAN agent about my order"  # the first names it
+
+
 def test_an_agent_takes_replies_and_hands_back(shop):
     uid, sid = send(shop, "cara", "talk to a person")
     _, only_opened = shop.chat.current(None, None, customer("olga"))  # a chat page opened, nothing said

@@ -60,6 +60,22 @@ def test_a_chat_is_titled_by_its_first_message_cut_at_a_word(chat, text, title):
     assert chat.store.session(uid, sid)["title"] == title and len(title) <= 40
 
 
+def test_a_new_chat_is_named_in_the_list_as_its_first_message_shows(chat):
+    """name_at_once runs beside `send`, before anything is stored: the list shows the title the turn
+    will store; a chat that has messages, or another user's, is left alone."""
+    uid, sid = chat.current(None, None, tab("alice"))
+    other = chat.new_chat(uid, request=tab("alice"))[1]
+    listed, title = chat.name_at_once(uid, sid, "  Where is my parcel?\n", tab("alice"))
+    assert title == "Where is my parcel?" and listed["value"] == sid
+    assert dict((s, label) for label, s in listed["choices"]) == {sid: "Where is my parcel?", other: "New chat"}
+    assert chat.store.session(uid, sid)["title"] == "New chat"  # shown, not stored
+    asyncio.run(drain(chat.send(uid, sid, "Where is my parcel?", 0.0, 1.0, 8, request=tab("alice"))))
+    assert chat.store.session(uid, sid)["title"] == title  # what the turn stored is what was shown
+    assert chat.name_at_once(uid, sid, "And a refund?", tab("alice")) == (gr.update(), gr.update())
+    assert chat.name_at_once(None, other, "hi", tab("mallory")) == (gr.update(), gr.update())  # not theirs
+    assert chat.name_at_once(uid, other, "   ", tab("alice")) == (gr.update(), gr.update())
+
+
 def test_the_next_turn_starts_with_the_previous_turns_exact_tokens(chat, fake):
     uid, sid = chat.current(None, None, tab("alice"))
     asyncio.run(drain(chat.send(uid, sid, "Hello", 0.0, 1.0, 64, request=tab("alice"))))

@@ -21,7 +21,7 @@ from storage.handoff import Handoff
 from storage.knowledge import Knowledge
 from ui import actions, assistants, grounding, transfer
 from ui.assistants import CHAT_REPETITION_PENALTY
-from ui.chat import ChatService
+from ui.chat import ChatService, chat_title
 from ui.display import customer_display, display, feedback_values
 from ui.i18n import say
 from ui.person import PersonHandlers
@@ -193,6 +193,19 @@ class ChatHandlers(TurnHandlers, PersonHandlers):
         uid, sid = self.current(uid, sid, request)
         self.store.update_session(uid, sid, system_prompt=text)
         gr.Info("System prompt saved for this chat.")
+
+    def name_at_once(self, uid, sid, text, request: gr.Request):
+        """As a new chat's first message shows (after `stage`, beside `send`): the list and the title box
+        name the chat after it (chat_title, as the turn stores it) instead of after the reply. Nothing is
+        stored here; `refresh`, after the turn, shows what was (a refused message leaves "New chat")."""
+        uid, text = self.who(uid, request), (text or "").strip()
+        if not text or not self._owned_here(uid, sid, request):
+            return gr.update(), gr.update()
+        if self.store.session(uid, sid)["title"] != "New chat" or self.store.messages(uid, sid):
+            return gr.update(), gr.update()
+        title = chat_title(text)
+        choices = [(title if s == sid else label, s) for label, s in self.session_choices(uid, request)]
+        return gr.update(choices=choices, value=sid), title
 
     def refresh(self, uid, sid, request: gr.Request):
         """After a turn: the sessions list and title (the first message names a new chat)."""

@@ -241,12 +241,14 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
     # says why (Gradio's default drops an event whose last run is still pending, and with it the text)
     send = dict(fn=chat.send, inputs=turn_inputs, outputs=[pane.chatbot, pane.msg], concurrency_limit=None,
                 trigger_mode="multiple")
-    send_events = [pane.send_btn.click(**stage).then(**send, api_name="send"),
-                   pane.msg.submit(**stage).then(**send, **PRIVATE)]
+    staged = [pane.send_btn.click(**stage), pane.msg.submit(**stage)]
     if not chat.demo:  # quick-reply chips in an empty chat send their fixed text
-        send_events.append(pane.chatbot.example_select(
-            chat.stage_quick_reply, [pane.chatbot], [pane.msg, pane.chatbot, pane.pending], queue=False,
-            **PRIVATE).then(**send, **PRIVATE))
+        staged.append(pane.chatbot.example_select(chat.stage_quick_reply, [pane.chatbot],
+                                                  [pane.msg, pane.chatbot, pane.pending], queue=False, **PRIVATE))
+    send_events = [staged[0].then(**send, api_name="send"), *(event.then(**send, **PRIVATE) for event in staged[1:])]
+    for event in staged:  # a new chat is named in the list as its first message shows, not after the reply
+        event.then(chat.name_at_once, [user, session, pane.pending], [side.sessions, side.title], queue=False,
+                   show_progress="hidden", **PRIVATE)
     for event in send_events:
         marks(event.then(chat.refresh, [user, session], [side.sessions, session, side.title], show_progress="hidden",
                          **PRIVATE))

@@ -290,6 +290,23 @@ def test_a_customers_own_markup_shows_as_typed_never_as_form_fields(chat):
     assert plain_text(display(messages)[0]["content"]) == typed  # an edit starts from the text as typed
 
 
+def test_the_customer_sees_a_reply_that_did_not_end_end_in_an_ellipsis(chat):
+    """No words (the view reads the same in any language): a reply cut by a restart, stopped, at its
+    token limit, or still unfinished ends in "…"; a finished one, a person's, and one already ending so, do not get one."""
+    from ui.display import customer_display
+
+    def shown(content, reason, author=None):
+        m = {"role": "assistant", "content": content, "finish_reason": reason, "created": 0, "author": author}
+        return customer_display([m])[0]["content"].split("\n\n<sub>")[0]
+    assert shown("Your parcel left our ", "interrupted") == "Your parcel left our …"
+    assert shown("Your parcel left", "abort") == shown("Your parcel left", "streaming") == "Your parcel left …"
+    assert shown("", "interrupted") == " …"
+    assert shown("It arrives Monday.", "stop") == "It arrives Monday."
+    assert shown("It arrives on", "length") == "It arrives on …"  # at max_tokens
+    assert shown("Wait…", "interrupted") == "Wait…"
+    assert shown("I am on it", None, "agent:alex") == "I am on it"
+
+
 def test_an_exported_chat_imports_back_identical(chat):
     uid, sid = chat.current(None, None, tab("alice"))
     for text in ("Hello", "Can I get a refund?"):

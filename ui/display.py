@@ -86,13 +86,21 @@ def display(messages: list[dict]) -> list[dict]:
              + source_lines(m.get("sources") or []) + (reply_footer(m) if m["role"] == "assistant" else user_footer(m))} for m in messages]
 
 
+CUT = ("abort", "interrupted", "streaming", "length")  # ended before the model did: stopped, cut, unfinished, at max_tokens
+
+
 def customer_display(messages: list[dict]) -> list[dict]:
     """The customer chat's view: each message with its time only (and the person who wrote a reply,
-    if one did); no engine figures, and nothing in words, so it reads the same in any language."""
+    if one did); no engine figures, and nothing in words, so it reads the same in any language: a
+    reply that did not end (stopped, cut by a restart, or at its token limit) ends in an ellipsis."""
     def footer(m: dict) -> str:
         person = author_name(m) if m["role"] == "assistant" else None
         return f"\n\n<sub>{stamp(m)}{f' · 👤 {person}' if person else ''}</sub>"
-    return [{"role": m["role"], "content": text_of(m) + tool_lines(m.get("tool_calls") or [])
+
+    def text(m: dict) -> str:
+        cut = m["role"] == "assistant" and m.get("finish_reason") in CUT and not m["content"].rstrip().endswith("…")
+        return text_of(m).rstrip() + " …" if cut else text_of(m)
+    return [{"role": m["role"], "content": text(m) + tool_lines(m.get("tool_calls") or [])
              + source_lines(m.get("sources") or []) + footer(m)} for m in messages]
 
 

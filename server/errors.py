@@ -2,6 +2,8 @@
 raised as APIError by the handlers, or mapped here from the engine's and the validator's errors."""
 from __future__ import annotations
 
+import re
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -56,11 +58,28 @@ async def _validation_error(request: Request, e: RequestValidationError):
         return JSONResponse(shaped(request.url.path, f"The request body must be JSON, sent with Content-Type: "
                                    f"application/json (this request's Content-Type: {kind or 'none'}).",
                                    "invalid_request_error"), status_code=400)
-    where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-    msg = "; ".join(f"{'.'.join(str(p) for p in err.get('loc', ())[1:]) or 'body'}: {err.get('msg')}"
-                    for err in e.errors()[:5])
-    return JSONResponse(shaped(request.url.path, msg or "invalid request", "invalid_request_error", where),
-                        status_code=400)
+    errors = readable(e.errors())
+    msg = "; ".join(f"{path or 'body'}: {text}" for path, text in errors[:5])
+    return JSONResponse(shaped(request.url.path, msg or "invalid request", "invalid_request_error",
+                               errors[0][0] if errors else None), status_code=400)
+
+
+UNION_BRANCH = re.compile(r"^(str|int|float|bool|none|list|dict)$|\[")  # pydantic's names for a union's branches
+
+
+def readable(errors: list[dict]) -> list[tuple[str, str]]:
+    """(path, message) of each validation error as a caller reads it. A value that fits no branch of a
+    union (`content: str | list[part]`) gets an error from every branch, each path tagged with its
+    branch's type: the tags leave the paths, and a branch's error whose path another one's extends
+    (the value was a list, so "should be a valid string" says nothing) is left out."""
+    found = []
+    for err in errors:
+        path = ".".join(str(p) for p in err.get("loc", ())[1:] if not (isinstance(p, str) and UNION_BRANCH.search(p)))
+        text = str(err.get("msg", "")).removeprefix("Value error, ")
+        if (path, text) not in found:
+            found.append((path, text))
+    return [(path, text) for path, text in found
+            if not any(other.startswith(path + ".") for other, _ in found)]
 
 
 async def _context_length(request: Request, e: ContextLengthError):

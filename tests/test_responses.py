@@ -220,7 +220,7 @@ def test_the_store_keeps_the_newest(scripted):
     ({"input": "x", "max_output_tokens": 100000}, "max_tokens", "maximum context length"),
     ({"input": "x", "tool_choice": "required"}, "tool_choice", "needs `tools`"),
     ({"input": "x", "previous_response_id": "resp_nothing"}, "previous_response_id", "not found"),
-    ({"input": 5}, "input.str", "valid string"),
+    ({"input": 5}, "input", "valid string"),  # no union branch tag ("input.str") in the name
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format.schema", "needs `schema`"),
     ({"input": "x", "n": 2}, "n", "one output"),
 ])

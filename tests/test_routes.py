@@ -66,7 +66,12 @@ def test_a_part_that_is_not_text_is_refused_by_name(http):
     image = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                           {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]
     r = http.post("/v1/chat/completions", json={"messages": image})
-    assert r.status_code == 400 and "text only" in r.json()["error"]["message"] and "image_url" in r.text
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "messages.0.content.1"  # the part, no union branch tags
+    assert error["message"] == ("messages.0.content.1: this model reads text only; a content part of type "
+                                "'image_url' cannot be read")  # not also "should be a valid string"
+    r = http.post("/v1/chat/completions", json={"messages": HELLO, "stop": 5})
+    assert r.json()["error"]["message"] == "stop: Input should be a valid string; stop: Input should be a valid list"
     parts = [{"role": "user", "content": [{"type": "text", "text": "Where is "}, {"type": "text", "text": "it?"}]}]
     assert http.post("/v1/chat/completions", json={"messages": parts}).status_code == 200
 

@@ -249,10 +249,22 @@ class CompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a prompt, or messages rendered as /v1/chat/completions would render them (with
+    the same template switches and tools), so the count is the one a chat request would use."""
     model: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool = True
+    tools: list | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+    return_token_strs: bool = False
+
+    def as_chat(self) -> ChatCompletionRequest:
+        return ChatCompletionRequest(messages=self.messages, tools=self.tools, chat_template_kwargs=self.chat_template_kwargs,
+                                     add_generation_prompt=self.add_generation_prompt,
+                                     continue_final_message=self.continue_final_message)
 
 
 class DetokenizeRequest(BaseModel):

@@ -119,12 +119,13 @@ def model_card(name: str, info) -> dict:
 async def tokenize(body: TokenizeRequest, request: Request):
     _, info, _ = serving(request, body.model)
     if body.messages is not None:
-        ids = await asyncio.to_thread(render_chat, info, body)
+        ids = await asyncio.to_thread(render_chat, info, body.as_chat())
     elif body.prompt is not None:
         ids = await asyncio.to_thread(info.tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens)
     else:
         raise bad_request("give `prompt` or `messages`", "prompt")
-    return {"count": len(ids), "max_model_len": info.max_model_len, "tokens": ids}
+    strs = {"token_strs": info.tokenizer.convert_ids_to_tokens(ids)} if body.return_token_strs else {}
+    return {"count": len(ids), "max_model_len": info.max_model_len, "tokens": ids, **strs}
 
 
 @router.post("/detokenize", dependencies=guarded)

@@ -138,6 +138,23 @@ def test_bad_requests_name_the_field(http, path, body, param):
     assert error["type"] == "invalid_request_error" and error["param"].startswith(param), error
 
 
+def test_tokenize_counts_what_a_chat_request_would_send(fake, http, smol_tokenizer):
+    """vLLM's /tokenize of messages: tools and the template switches render as in /v1/chat/completions."""
+    tools = [{"type": "function", "function": {"name": "track", "description": "Track an order",
+                                               "parameters": {"type": "object", "properties": {"order": {"type": "string"}}}}}]
+    prefill = HELLO + [{"role": "assistant", "content": "Your order NW"}]
+    for extra in ({}, {"tools": tools}, {"messages": prefill, "continue_final_message": True, "add_generation_prompt": False}):
+        body = {"messages": HELLO, **extra}
+        assert http.post("/v1/chat/completions", json={**body, "max_tokens": 2}).status_code == 200
+        counted = http.post("/tokenize", json={**body, "return_token_strs": True}).json()
+        assert counted["tokens"] == fake.requests[-1]["prompt"] and counted["count"] == len(counted["tokens"])
+        assert counted["token_strs"] == smol_tokenizer.convert_ids_to_tokens(counted["tokens"])
+    assert "token_strs" not in http.post("/tokenize", json={"prompt": "hi"}).json()
+    r = http.post("/tokenize", json={"messages": HELLO, "tools": [{"type": "function", "function": {}}]})
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("tools")
+    assert http.post("/tokenize", json={"messages": []}).json()["error"]["param"] == "messages"
+
+
 def test_unknown_model_loading_engine_and_api_key(fake, smol_tokenizer):
     http = TestClient(create_app(fake, credentials=Credentials(keys={"k-123456": "shop"}),
                                  served_model_name="support-bot"))

@@ -198,9 +198,11 @@ class AsyncLLM:
                 self._loaded_new(new)
                 return len(old._tracked)
             finishing = self.run_on_engine_thread(swap, timeout=600)
+            in_flight = {0: "no reply was in flight", 1: "1 reply in flight finishes on the old model"}.get(
+                finishing, f"{finishing} replies in flight finish on the old model")
             return (f"loaded {new.source.name} in {time.perf_counter() - t0:.1f}s while the old model served; "
-                    f"{finishing} reply(ies) in flight finish on the old model; memory {rss_before / 2**20:.0f} MiB "
-                    f"before, {both / 2**20:.0f} MiB with both models loaded")
+                    f"{in_flight}; memory {rss_before / 2**20:.0f} MiB before, {both / 2**20:.0f} MiB with both "
+                    f"models loaded")
         finally:
             self._switching.release()
 

@@ -303,7 +303,7 @@ def test_a_model_switch_never_stalls_and_replies_in_flight_finish_on_the_old_mod
     during, message, last = asyncio.run(scenario())
     assert len(during.outputs[0].token_ids) == 5 and during.outputs[0].finish_reason == "length"
     assert last.outputs[0].finish_reason == "length" and len(last.outputs[0].token_ids) == 60  # not aborted
-    assert "finish on the old model" in message and "both models loaded" in message
+    assert "1 reply in flight finishes on the old model" in message and "both models loaded" in message
     assert llm.info.name == os.path.basename(qwen)
     assert llm.run_on_engine_thread(lambda e: e.hf_config.model_type) == "qwen2"
     done = asyncio.run(_collect(llm.generate([4, 5], SamplingParams(max_tokens=3, ignore_eos=True))))

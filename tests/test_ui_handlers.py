@@ -537,3 +537,18 @@ def test_a_reply_cut_by_a_vanished_engine_is_kept_as_interrupted_and_the_chat_go
     fake.die_after = None
     asyncio.run(drain(chat.send(uid, sid, "Hello again?", 0.0, 1.0, 64, request=tab("erin"))))
     assert fake.requests[-1]["prompt"][:len(messages[0]["token_ids"]) + 3] == messages[0]["token_ids"] + fake.reply_ids[:3]
+
+
+def test_a_reloaded_page_shows_the_model_and_quantization_the_last_switch_loaded(fake, tmp_path):
+    """The page is built once with the starting model: a reload after a switch showed those values
+    whatever served. in_force (on load) gives the last switch's; a failed one changes nothing."""
+    op = OperatorHandlers(fake, Store(str(tmp_path / "c.db")), {"start": None, "other": "/m/other", "bad": "broken"},
+                          None, {"olga"})
+    olga, cara = tab("olga"), tab("cara")
+    assert op.in_force(olga) == (gr.update(), gr.update())  # no switch yet: the page's own values hold
+    asyncio.run(drain(op.switch("other", "int8", request=olga)))
+    model, quant = op.in_force(olga)
+    assert model["value"] == "other" and quant["value"] == "int8" and quant["choices"] == ["none", "int8"]
+    asyncio.run(drain(op.switch("bad", "none", request=olga)))  # fails: the other model still serves
+    assert op.in_force(olga)[0]["value"] == "other"
+    assert op.in_force(cara) == (gr.update(), gr.update())  # not an operator: nothing

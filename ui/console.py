@@ -176,6 +176,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         theme_btn.click(None, js=THEME_TOGGLE)
         wire_live(timer, sampler, model_line, live, allowed=operator.is_operator)
         wire_operator(operator, ops)
+        console.load(operator.in_force, None, [ops.model_dd, ops.quant_dd], **PRIVATE)
     return console
 
 

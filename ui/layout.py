@@ -63,6 +63,7 @@ def build_ui(client: EngineClient, store, *, models: dict[str, str | None], quan
             demo.load(chat.sampling_defaults, None, [pane.temperature, pane.top_p, pane.penalty, pane.sampling_note],
                       **PRIVATE)
             demo.load(operator.show_controls, None, [ops.column], **PRIVATE)
+            demo.load(operator.in_force, None, [ops.model_dd, ops.quant_dd], **PRIVATE)
             demo.load(chat.greeting, None, [pane.chatbot], concurrency_limit=None, **PRIVATE)
         wire_sessions(demo, chat, state, side, pane, header, demo_loads)
         wire_turns(demo, chat, state, side, pane)
@@ -287,7 +288,7 @@ def wire_live(timer: gr.Timer, sampler: PanelSampler, model_line: gr.HTML, live:
 
 def wire_operator(operator: OperatorHandlers, ops: SimpleNamespace, after_switch=None) -> None:
     """The operator's controls; `after_switch(event)` chains what follows a model switch."""
-    ops.model_dd.change(operator.quant_options, [ops.model_dd], [ops.quant_dd])
+    ops.model_dd.input(operator.quant_options, [ops.model_dd], [ops.quant_dd])  # the operator's pick, not a load's
     switched = ops.switch_btn.click(operator.switch, [ops.model_dd, ops.quant_dd], [ops.switch_status])
     if after_switch is not None:
         after_switch(switched)

@@ -25,6 +25,8 @@ class OperatorHandlers:
         self.models = models
         self.quantization = quantization
         self.operators = operators
+        self.picked: tuple[str, str | None] | None = None  # (model label, quantization) of the last switch
+
 
     def is_operator(self, request: gr.Request | None) -> bool:
         return getattr(request, "username", None) in self.operators
@@ -43,6 +45,14 @@ class OperatorHandlers:
         in_force = self.quantization if self.quantization in choices else (choices[0] if choices else None)
         return choices, in_force
 
+    def in_force(self, request: gr.Request):
+        """On page load: the model and quantization the last switch loaded (the page was built with the
+        starting ones, and a reload showed those whatever served)."""
+        if not self.is_operator(request) or self.picked is None:
+            return gr.update(), gr.update()
+        label, quant = self.picked
+        return gr.update(value=label), gr.update(choices=self.client.quantization_choices(self.models[label]), value=quant)
+
     def quant_options(self, label: str, request: gr.Request):
         self._check(request)
         choices = self.client.quantization_choices(self.models[label])
@@ -57,6 +67,7 @@ class OperatorHandlers:
         except ValueError as e:
             yield f"❌ {e}. Still serving **{serving}**."
             return
+        self.picked = (label, quant)
         yield f"✅ {result}. Sessions keep their history; their next turn re-reads it once."
 
     async def simulate(self, n, request: gr.Request):

@@ -262,7 +262,8 @@ class TokenizeRequest(BaseModel):
     return_token_strs: bool = False
 
     def as_chat(self) -> ChatCompletionRequest:
-        return ChatCompletionRequest(messages=self.messages, tools=self.tools, chat_template_kwargs=self.chat_template_kwargs,
+        return ChatCompletionRequest(messages=self.messages, tools=self.tools,
+                                     chat_template_kwargs=self.chat_template_kwargs,
                                      add_generation_prompt=self.add_generation_prompt,
                                      continue_final_message=self.continue_final_message)
 

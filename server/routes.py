@@ -1,7 +1,8 @@
 """The OpenAI-compatible routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize,
-/detokenize, /health (and vLLM's /ping), /version, /metrics (and /v1/responses in server/responses_api.py, Anthropic's /v1/messages
-in server/anthropic_api.py). Handlers are thin: they validate, render the prompt, and hand the
-request to whatever EngineClient the app was built with (in-process or remote)."""
+/detokenize, /health (and vLLM's /ping), /version, /metrics (and /v1/responses in
+server/responses_api.py, Anthropic's /v1/messages in server/anthropic_api.py). Handlers are thin: they
+validate, render the prompt, and hand the request to whatever EngineClient the app was built with
+(in-process or remote)."""
 from __future__ import annotations
 
 import asyncio

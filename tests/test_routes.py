@@ -140,10 +140,11 @@ def test_bad_requests_name_the_field(http, path, body, param):
 
 def test_tokenize_counts_what_a_chat_request_would_send(fake, http, smol_tokenizer):
     """vLLM's /tokenize of messages: tools and the template switches render as in /v1/chat/completions."""
-    tools = [{"type": "function", "function": {"name": "track", "description": "Track an order",
-                                               "parameters": {"type": "object", "properties": {"order": {"type": "string"}}}}}]
+    order = {"type": "object", "properties": {"order": {"type": "string"}}}
+    tools = [{"type": "function", "function": {"name": "track", "description": "Track an order", "parameters": order}}]
     prefill = HELLO + [{"role": "assistant", "content": "Your order NW"}]
-    for extra in ({}, {"tools": tools}, {"messages": prefill, "continue_final_message": True, "add_generation_prompt": False}):
+    continued = {"messages": prefill, "continue_final_message": True, "add_generation_prompt": False}
+    for extra in ({}, {"tools": tools}, continued):
         body = {"messages": HELLO, **extra}
         assert http.post("/v1/chat/completions", json={**body, "max_tokens": 2}).status_code == 200
         counted = http.post("/tokenize", json={**body, "return_token_strs": True}).json()

@@ -86,7 +86,7 @@ def display(messages: list[dict]) -> list[dict]:
              + source_lines(m.get("sources") or []) + (reply_footer(m) if m["role"] == "assistant" else user_footer(m))} for m in messages]
 
 
-CUT = ("abort", "interrupted", "streaming", "length")  # ended before the model did: stopped, cut, unfinished, at max_tokens
+CUT = ("abort", "interrupted", "streaming", "length")  # stopped, cut, unfinished, at max_tokens: not ended
 
 
 def customer_display(messages: list[dict]) -> list[dict]:

@@ -51,7 +51,8 @@ class OperatorHandlers:
         if not self.is_operator(request) or self.picked is None:
             return gr.update(), gr.update()
         label, quant = self.picked
-        return gr.update(value=label), gr.update(choices=self.client.quantization_choices(self.models[label]), value=quant)
+        choices = self.client.quantization_choices(self.models[label])
+        return gr.update(value=label), gr.update(choices=choices, value=quant)
 
     def quant_options(self, label: str, request: gr.Request):
         self._check(request)

@@ -58,6 +58,8 @@ def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: 
     min_tokens: the shortest prefix that pays (shared_tokens_needed; MIN_SHARED_TOKENS if None)."""
     if not block_hashes or len(block_hashes) < MIN_SHARING_ROWS:
         return None
+    if int(seq_lens.max()) <= (MIN_SHARED_TOKENS if min_tokens is None else min_tokens):
+        return None  # no prefix that long (one op, not the ten below, in every step of a short chat)
     first = table[:, 0]
     rows = (first == first.mode().values).nonzero().squeeze(1)
     if rows.numel() < MIN_SHARING_ROWS:

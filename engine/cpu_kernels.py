@@ -214,8 +214,9 @@ def _packed_call(fn, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor
     M, K = x.shape
     x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
     y = x.new_empty(M, packed.shape[0] * 16)
-    _check(fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], *args),
-           getattr(fn, "__name__", "a matmul kernel"))
+    code = fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], *args)
+    if code:
+        _check(code, getattr(fn, "__name__", "a matmul kernel"))
     return y
 
 

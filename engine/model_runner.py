@@ -242,8 +242,8 @@ class ModelRunner:
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=dev), num_decode, prefills=prefills)
         if row_tables:
             width = max(len(t) for t, _ in row_tables)
-            padded = [torch.tensor(t + [0] * (width - len(t)), dtype=torch.long) for t, _ in row_tables]
-            table = torch.cat([t.expand(n, width) for t, (_, n) in zip(padded, row_tables)]).to(dev)
+            padded = [t + [0] * (width - len(t)) for t, n in row_tables for _ in range(n)]
+            table = torch.tensor(padded, dtype=torch.long, device=dev)  # one call, not one a request
             lens = torch.tensor(row_lens, dtype=torch.long, device=dev)
             meta.row_block_tables, meta.row_seq_lens = table, lens
             if dev.type == "cpu":

@@ -31,6 +31,26 @@ def test_streaming_hangul_token_by_token_never_splits_a_syllable(smol_tokenizer)
     assert "".join(deltas) == TEXT
 
 
+def test_the_backends_decode_serves_only_where_it_equals_the_tokenizers(smol_tokenizer):
+    """plain_decode skips transformers' wrapper for SmolLM2's fast tokenizer (no space clean-up), and
+    decodes every slice of mixed text the same, special tokens kept or skipped; a tokenizer that cleans
+    up spaces keeps its own decode."""
+    import copy
+    import random
+
+    from engine.detokenizer import plain_decode
+    decode = plain_decode(smol_tokenizer)
+    assert decode != smol_tokenizer.decode
+    ids = smol_tokenizer.encode(TEXT + " Order NW20481377 <|im_end|> ships, émoji 🎉 .", add_special_tokens=False)
+    rng = random.Random(0)
+    for a, b in ((a, rng.randrange(a, len(ids) + 1)) for a in (rng.randrange(len(ids)) for _ in range(300))):
+        for skip in (True, False):
+            assert decode(ids[a:b], skip_special_tokens=skip) == smol_tokenizer.decode(ids[a:b], skip_special_tokens=skip)
+    cleaning = copy.copy(smol_tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    assert plain_decode(cleaning) == cleaning.decode
+
+
 def test_a_korean_chat_is_stored_searched_and_exported_intact(smol_tokenizer, tmp_path):
     req = SimpleNamespace(username="minji", session_hash="t", headers={"accept-language": "ko-KR,ko;q=0.9"},
                           request=SimpleNamespace(path_params={"assistant": "support"}), cookies={})

@@ -98,7 +98,9 @@ class QuantizedWeight(LinearKernel):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if 0 < self.tiles_from <= x.shape[0]:
             return self._tiles_matmul(x)
-        small = packed_rows(x.shape[0], self.small_m, self.all_rows) if self.dense is not None else x.shape[0]
+        if self.dense is None:  # every row (120 calls a step: no slicing on this path)
+            return self._packed_matmul(x)
+        small = packed_rows(x.shape[0], self.small_m, self.all_rows)
         if small == 0:
             return self.dense(x)
         y = self._packed_matmul(x[:small])

@@ -34,6 +34,11 @@ class ReplyCut(EngineDeadError):
         self.key = key
 
 
+def unnamed(session: dict, history: list) -> bool:
+    """Whether a chat waits for its first message to name it (chat_title)."""
+    return session["title"] == "New chat" and not history
+
+
 def chat_title(text: str, limit: int = 40) -> str:
     """A new chat's title from its first message: one line, cut at a word where one ends within the
     limit (with an ellipsis), else at the limit (a long word, text without spaces)."""
@@ -153,7 +158,7 @@ class ChatService(TurnsInFlight):
             raise Refusal("too_long", tokens=len(prompt.token_ids), limit=info.max_model_len)
         stored = self.store.add_message(user, session_id, "user", text, prompt.token_ids, model=model,
                                         trimmed_turns=prompt.trimmed)
-        if len(history) == 0 and session["title"] == "New chat":
+        if unnamed(session, history):
             self.store.update_session(user, session_id, title=chat_title(text))
         return Prepared(prompt.token_ids, self.store.messages(user, session_id), text, history[prompt.trimmed:],
                         stored, tools, plan, system, encode, grounding)

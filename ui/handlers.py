@@ -21,7 +21,7 @@ from storage.handoff import Handoff
 from storage.knowledge import Knowledge
 from ui import actions, assistants, grounding, transfer
 from ui.assistants import CHAT_REPETITION_PENALTY
-from ui.chat import ChatService, chat_title
+from ui.chat import ChatService, chat_title, unnamed
 from ui.display import customer_display, display, feedback_values
 from ui.i18n import say
 from ui.person import PersonHandlers
@@ -201,7 +201,7 @@ class ChatHandlers(TurnHandlers, PersonHandlers):
         uid, text = self.who(uid, request), (text or "").strip()
         if not text or not self._owned_here(uid, sid, request):
             return gr.update(), gr.update()
-        if self.store.session(uid, sid)["title"] != "New chat" or self.store.messages(uid, sid):
+        if not unnamed(self.store.session(uid, sid), self.store.messages(uid, sid)):
             return gr.update(), gr.update()
         title = chat_title(text)
         choices = [(title if s == sid else label, s) for label, s in self.session_choices(uid, request)]

@@ -15,7 +15,7 @@ from server.limits import TooManyRequestsError
 from storage import StoreError, StoreUnavailable
 from ui import assistants
 from ui.assistants import CHAT_REPETITION_PENALTY
-from ui.chat import ReplyCut, chat_title
+from ui.chat import ReplyCut, chat_title, unnamed
 from ui.display import TYPING, plain_text, text_of
 from ui.i18n import Refusal, say, wants_person
 
@@ -115,7 +115,7 @@ class TurnHandlers:
         for them and the chat waits (True); else the assistant answers (False)."""
         if self.handoff.state(sid)["state"] == "assistant" and not wants_person(text):
             return False
-        first = self.store.session(uid, sid)["title"] == "New chat" and not self.store.messages(uid, sid)
+        first = unnamed(self.store.session(uid, sid), self.store.messages(uid, sid))
         self.store.add_message(uid, sid, "user", text, [])
         if first:  # named as the model's turns name a chat (ui/chat.py)
             self.store.update_session(uid, sid, title=chat_title(text))

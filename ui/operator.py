@@ -27,7 +27,6 @@ class OperatorHandlers:
         self.operators = operators
         self.picked: tuple[str, str | None] | None = None  # (model label, quantization) of the last switch
 
-
     def is_operator(self, request: gr.Request | None) -> bool:
         return getattr(request, "username", None) in self.operators
 

@@ -201,7 +201,7 @@ class LLMEngine:
             outputs.append(self._finalize(t) if req.is_finished else self._make_output(t))
         seconds = time.perf_counter() - t0
         self.scheduler.record_step_time(sched, seconds)
-        self.stats.record_step(sched, decode_tokens, new_tokens, seconds)
+        self.stats.record_step(sched, decode_tokens, new_tokens)
         return outputs
 
     def _fail(self, t: _Tracked, why: str) -> RequestOutput:

@@ -145,7 +145,6 @@ class EngineStats:
     last_batch_size: int = 0
     last_prefill_tokens: int = 0
     last_decode_tokens: int = 0
-    last_step_seconds: float = 0.0
     kv_disk_capacity_bytes: int = 0  # 0: no disk tier
     kv_disk_blocks: int = 0
     kv_disk_bytes: int = 0
@@ -160,12 +159,11 @@ class EngineStats:
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_accepted_per_pos: list[int] = field(default_factory=list)
 
-    def record_step(self, sched, decode_tokens: int, num_sampled: int, seconds: float) -> None:
+    def record_step(self, sched, decode_tokens: int, num_sampled: int) -> None:
         self.num_steps += 1
         self.last_batch_size = len(sched.scheduled)
         self.last_decode_tokens = decode_tokens
         self.last_prefill_tokens = sched.num_tokens - decode_tokens
-        self.last_step_seconds = seconds
         self.prefill_tokens_total += self.last_prefill_tokens
         self.decode_tokens_total += decode_tokens
         self.generation_tokens_total += num_sampled

@@ -73,6 +73,11 @@ def use_metadata(meta: AttentionMetadata):
         _current = previous
 
 
+def step_metadata() -> AttentionMetadata | None:
+    """The metadata of the model step in progress (None outside one)."""
+    return _current
+
+
 def decode_rows() -> int | None:
     """How many leading rows of the forward in progress are decodes (one token of one sequence);
     None outside a model step."""
@@ -164,7 +169,7 @@ class PagedAttention(nn.Module):
         out = q.new_empty(q.shape) if out is None else out
         starts = self._starts(meta)
         int8 = (self.block_size, self.num_kv_heads) if self.int8 else None
-        if self.kernels and cpu_kernels.supports(q) and (int8 is None or self._int8_kernel(q)):
+        if self.kernels and cpu_kernels.supports(q) and (int8 is None or self.int8_kernel(q.dtype)):
             if starts is not None:  # a window: no cascade (the shared prefix falls out of it)
                 prefix = (starts, None, None, None)
             else:
@@ -186,10 +191,10 @@ class PagedAttention(nn.Module):
         o = self._sdpa(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), meta.row_masks[self.window])
         return out.copy_(o.squeeze(2))
 
-    def _int8_kernel(self, q: torch.Tensor) -> bool:
-        """Whether the C kernel reads int8 pools for these queries (bf16 on AVX-512 BF16 and VNNI, fp32 on
+    def int8_kernel(self, dtype: torch.dtype) -> bool:
+        """Whether the C kernel reads int8 pools for queries of `dtype` (bf16 on AVX-512 BF16 and VNNI, fp32 on
         AVX2; head_dim a multiple of 16 up to 512)."""
-        feature = "quant_bf16" if q.dtype == torch.bfloat16 else "f32_attention"
+        feature = "quant_bf16" if dtype == torch.bfloat16 else "f32_attention"
         return self.head_dim % 16 == 0 and self.head_dim <= 512 and cpu_kernels.has(feature)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,

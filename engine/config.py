@@ -22,6 +22,7 @@ class Knobs:
     cache: str  # PAGEDCHAT_CACHE: converted GGUF configs, the compiled C kernels, our GPTQ checkpoints
     no_kernels: bool  # PAGEDCHAT_NO_KERNELS: torch paths only (no C kernels built)
     no_packing: bool  # PAGEDCHAT_NO_PACKING: dense weights stay plain (engine/linear.py)
+    no_fused_layers: bool  # PAGEDCHAT_NO_FUSED_LAYERS: the decoder layers run module by module (engine/fused_layers.py)
     cc: str  # CC: the C compiler for the kernels
     api_key: str | None  # PAGEDCHAT_API_KEY: one API key, named "api"
     api_key_file: str | None  # PAGEDCHAT_API_KEY_FILE: --api-key-file's default
@@ -36,6 +37,7 @@ def knobs() -> Knobs:
     env = os.environ
     return Knobs(cache=env.get("PAGEDCHAT_CACHE") or os.path.expanduser("~/.cache/pagedchat"),
                  no_kernels=bool(env.get("PAGEDCHAT_NO_KERNELS")), no_packing=bool(env.get("PAGEDCHAT_NO_PACKING")),
+                 no_fused_layers=bool(env.get("PAGEDCHAT_NO_FUSED_LAYERS")),
                  cc=env.get("CC", "cc"), api_key=env.get("PAGEDCHAT_API_KEY") or None,
                  api_key_file=env.get("PAGEDCHAT_API_KEY_FILE"), auth_file=env.get("PAGEDCHAT_AUTH_FILE"),
                  secret_file=env.get("PAGEDCHAT_SECRET_FILE"), secret=env.get("PAGEDCHAT_SECRET") or None,

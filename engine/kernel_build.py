@@ -19,7 +19,7 @@ _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "prefix_attention.c", "kv_store.c",
                                                       "rms_norm.c", "silu_and_mul.c", "rotary.c", "argmax.c",
                                                       "quant_matmul.c", "quant_matmul_f32.c", "quant_int8_rows_f32.c",
-                                                      "pool.c", "features.c")]
+                                                      "pool.c", "features.c", "decoder.c")]
 # part of the build's cache key, not compiled alone
 _HEADERS = [os.path.join(_CSRC, name) for name in ("attention_amx.h", "attention_f32.h", "attention_int8.h",
                                                       "common.h", "exp.h", "kernels.h", "pool.h", "quant_amx.h",
@@ -75,6 +75,7 @@ def build() -> tuple[ctypes.CDLL | None, str]:
         "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4_i8, "int4_matmul_f32_i8": matmul4,
         "int8_matmul": matmul8, "int8_matmul_i8": matmul8_i8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul4_i8,
         "int8_matmul_f32_i8": matmul8,
+        "decoder_layers": (ctypes.c_int, [ptr, i32, ptr, ptr, ptr, i32] + [ptr] * 6 + [i32, f32, f32, i32, i32]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

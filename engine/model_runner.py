@@ -68,6 +68,8 @@ class ModelRunner:
         self.v_cache = torch.zeros(len(layers), *v_shape, dtype=pool_dtype, device=device)
         for i, layer in enumerate(layers):
             layer.bind_cache(self.k_cache[i], self.v_cache[i], int8=kv_cache_dtype == "int8")
+        if hasattr(model, "fuse_layers"):
+            model.fuse_layers()  # pointers into the weights and the pools just bound
 
     def copy_block(self, source: int, target: int) -> None:
         """Copy one block's K/V in every layer (copy on write, for a forked sequence)."""

@@ -149,6 +149,8 @@ def test_the_engine_setting_picks_the_kernel_for_decode_rows(dtype, tiny_model, 
     int8-row kernel (bf16 models on AVX-512 VNNI, fp32 ones on AVX2); off, decode rows to the kernel that
     takes them as they are; the greedy tokens agree at first."""
     path, _ = tiny_model("qwen2")
+    # the linears' own kernel calls (the fused stack makes the same ones from C: tests/test_fused_layers.py)
+    monkeypatch.setenv("PAGEDCHAT_NO_FUSED_LAYERS", "1")
     calls = []  # (kernel, rows)
     for name in INT4_KERNELS[dtype]:
         fn = getattr(cpu_kernels._lib, name)
@@ -178,6 +180,7 @@ def test_int8_rows_take_every_row_so_chunking_leaves_greedy_unchanged(dtype, tin
     from engine.quant import methods
 
     monkeypatch.setattr(methods, "cpu_flags", lambda: frozenset({"amx_bf16"}))
+    monkeypatch.setenv("PAGEDCHAT_NO_FUSED_LAYERS", "1")  # the linears' own kernel calls, as above
     rows = []
     name = INT4_KERNELS[dtype][True]
     fn = getattr(cpu_kernels._lib, name)

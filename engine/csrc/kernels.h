@@ -56,3 +56,18 @@ int int4_matmul_f32_i8(const void *x, const void *packed, const void *scales, vo
                        int threads);
 int int8_matmul_f32_i8(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N,
                        int threads);
+
+/* decoder_layers (decoder.c): a Llama-family decoder stack in one call; engine/fused_layers.py mirrors these
+ * field numbers. A linear: its kernel (PC_INT4...), packed weight, scales, N, K, group, amx_from, tiles_from, bias
+ * (0: none; else [N] in the rows' dtype). */
+enum { PC_INT4, PC_INT4_I8, PC_INT4_F32, PC_INT4_F32_I8, PC_INT5_I8, PC_INT8, PC_INT8_I8, PC_INT8_F32,
+       PC_INT8_F32_I8, PC_INT8G_I8 };
+enum { PC_LINEAR_KIND, PC_LINEAR_PACKED, PC_LINEAR_SCALES, PC_LINEAR_N, PC_LINEAR_K, PC_LINEAR_GROUP,
+       PC_LINEAR_AMX_FROM, PC_LINEAR_TILES_FROM, PC_LINEAR_BIAS, PC_LINEAR_FIELDS };
+enum { PC_LAYER_INPUT_NORM, PC_LAYER_POST_NORM, PC_LAYER_K_CACHE, PC_LAYER_V_CACHE, PC_LAYER_QKV,
+       PC_LAYER_O = PC_LAYER_QKV + PC_LINEAR_FIELDS, PC_LAYER_GATE_UP = PC_LAYER_O + PC_LINEAR_FIELDS,
+       PC_LAYER_DOWN = PC_LAYER_GATE_UP + PC_LINEAR_FIELDS, PC_LAYER_FIELDS = PC_LAYER_DOWN + PC_LINEAR_FIELDS };
+int decoder_layers(const int64_t *layers, int L, const int64_t *shape, void *h, void *out, int M,
+                   const int64_t *positions, const float *cos, const float *sin, const int64_t *slots,
+                   const int64_t *block_tables, const int64_t *seq_lens, int max_blocks, float eps, float scale,
+                   int threads, int attention_threads);

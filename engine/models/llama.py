@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.attention import PagedAttention, layer_window
+from engine.attention import PagedAttention, layer_window, step_metadata
+from engine.fused_layers import FusedLayers
 from engine.layers import RMSNorm, RotaryEmbedding, SiluAndMul
 from engine.linear import Linear
 from engine.models.registry import register_model
@@ -89,11 +90,16 @@ class LlamaModel(nn.Module):
         rotary = RotaryEmbedding(cfg, head_dim, max_positions)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fused: FusedLayers | None = None  # fuse_layers'
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         h, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            h, residual = layer(positions, h, residual)
+        meta = step_metadata()
+        if self.fused is not None and self.fused.serves(h, meta):
+            h, residual = self.fused(h, positions, meta)
+        else:
+            for layer in self.layers:
+                h, residual = layer(positions, h, residual)
         return self.norm(h, residual)[0]
 
 
@@ -122,3 +128,8 @@ class LlamaForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.model.layers]
+
+    def fuse_layers(self) -> None:
+        """Run the decoder stack as one C call where it can (engine/fused_layers.py): once the weights
+        and KV pools are final."""
+        self.model.fused = FusedLayers.build(self.model.layers)

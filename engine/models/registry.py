@@ -16,7 +16,8 @@ class CausalLM(Protocol):
         the embedding or its own weight).
     The runner: `forward(input_ids [T], positions [T]) -> hidden [T, H]` over a flat batch through
         the paged KV cache, `compute_logits(hidden) -> fp32 logits`, `attention_layers()` (the
-        PagedAttention modules the runner binds the KV cache to)."""
+        PagedAttention modules the runner binds the KV cache to); where a class has it, `fuse_layers()`,
+        which the runner calls once the KV pools are bound (Llama's: engine/fused_layers.py)."""
     packed_modules_mapping: dict[str, tuple[str, str | int]]
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...

@@ -1,0 +1,122 @@
+"""The decoder stack as one C call (engine/fused_layers.py, csrc/decoder.c): the same bits as the modules
+one by one, for every kind of packed linear, int8 KV, biases, drafts and prompt rows; the models and
+steps it does not serve run their modules."""
+import pytest
+import torch
+
+from engine import LLM, SamplingParams, cpu_kernels
+from engine.attention import AttentionMetadata, PrefillSeq
+from engine.fused_layers import FusedLayers
+from engine.linear import Linear
+from tests.kquants import q4_k_m_gguf
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")]
+BF16 = torch.bfloat16 in cpu_kernels.quant_matmul_dtypes()
+F32 = torch.float32 in cpu_kernels.quant_matmul_dtypes()
+# long enough that prompt chunks and decodes share steps (max_num_batched_tokens 32), repetitive enough
+# that prompt lookup drafts tokens
+PROMPTS = ["order 4417 order 4417 order 4417 where is order 4417 " * 3, "hello", "a b c d e f g a b c d e f g",
+           "refund policy: thirty days, receipt needed. refund policy: thirty days, receipt needed."]
+
+
+def counted(monkeypatch) -> list[int]:
+    """The rows of each decoder_layers call from now on."""
+    calls, real = [], cpu_kernels.decoder_layers
+
+    def count(table, shape, h, *args):
+        calls.append(h.shape[0])
+        return real(table, shape, h, *args)
+    monkeypatch.setattr(cpu_kernels, "decoder_layers", count)
+    return calls
+
+
+def fused_and_modules(llm: LLM, monkeypatch) -> tuple[list, list, list[int]]:
+    """Greedy replies with their logprobs and prompt logprobs, through the fused stack and through the
+    modules (the same engine, nothing cached between), and the fused run's decoder_layers calls."""
+    model = llm.engine.model.model
+    fused, results, calls = model.fused, [], counted(monkeypatch)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    for stack in (fused, None):
+        model.fused = stack
+        llm.reset_prefix_cache()
+        outs = llm.generate(PROMPTS, params)
+        results.append([(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in outs])
+        if stack is not None:
+            fused_calls = list(calls)
+    model.fused = fused
+    assert len(calls) == len(fused_calls)  # the modules' run made none
+    return results[0], results[1], fused_calls
+
+
+CASES = [  # arch, dtype, quantization, kv cache, int8 activations
+    pytest.param("llama", "bfloat16", "int4", "auto", True, marks=pytest.mark.skipif(not BF16, reason="no bf16 kernels")),
+    pytest.param("llama", "bfloat16", "int4", "int8", False, marks=pytest.mark.skipif(not BF16, reason="no bf16 kernels")),
+    pytest.param("qwen2", "bfloat16", "int8", "auto", True, marks=pytest.mark.skipif(not BF16, reason="no bf16 kernels")),
+    pytest.param("qwen2", "float32", "int4", "int8", True, marks=pytest.mark.skipif(not F32, reason="no fp32 kernels")),
+    pytest.param("llama", "float32", "int8", "auto", False, marks=pytest.mark.skipif(not F32, reason="no fp32 kernels")),
+]
+
+
+@pytest.mark.parametrize("arch,dtype,quantization,kv,int8_rows", CASES)
+def test_the_fused_stack_computes_the_modules_bits(arch, dtype, quantization, kv, int8_rows, tiny_model, monkeypatch):
+    llm = LLM(tiny_model(arch)[0], dtype=dtype, quantization=quantization, kv_cache_dtype=kv,
+              int8_activations=int8_rows, max_num_batched_tokens=32, num_kv_blocks=256)
+    assert llm.engine.model.model.fused is not None
+    biases = [m.bias for m in llm.engine.model.modules() if isinstance(m, Linear) and m.bias is not None]
+    assert bool(biases) == (arch == "qwen2")
+    with torch.no_grad():  # the checkpoint's are zeros: make them count
+        for b in biases:
+            b.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    fused, modules, calls = fused_and_modules(llm, monkeypatch)
+    assert fused == modules
+    assert calls and max(calls) > 1  # batched rows went through it
+    every_row = not llm.engine.model.model.fused.limits  # no dense copies: prompt rows and drafts too
+    assert (max(calls) > len(PROMPTS)) == every_row
+
+
+@pytest.mark.skipif(not BF16, reason="GGUF's 5- and 8-bit group kernels need AVX-512 BF16 and VNNI")
+def test_a_q4_k_m_gguf_mixing_4_5_and_8_bit_layers(tmp_path, monkeypatch):
+    from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
+
+    path = str(tmp_path / "smollm2-q4_k_m.gguf")
+    q4_k_m_gguf(path)
+    llm = LLM(path, max_num_batched_tokens=32, num_kv_blocks=256)
+    kinds = {type(m.mlp.down_proj.kernel) for m in llm.engine.model.model.layers} | \
+        {type(m.self_attn.qkv_proj.kernel) for m in llm.engine.model.model.layers}
+    assert {Int5Weight, Int8GroupWeight} <= kinds
+    fused, modules, calls = fused_and_modules(llm, monkeypatch)
+    assert fused == modules and max(calls) > len(PROMPTS)
+
+
+@pytest.mark.parametrize("arch,quantization", [("qwen3", "int4"), ("mistral-window", "int4"), ("gemma2", "int4"),
+                                                ("llama", "none")])
+def test_models_it_does_not_serve_run_their_modules(arch, quantization, tiny_model):
+    """q/k norms, a sliding window, Gemma's layers, dense weights: no fused stack, and replies as ever."""
+    llm = LLM(tiny_model(arch)[0], quantization=quantization, num_kv_blocks=64)
+    assert getattr(llm.engine.model.model, "fused", None) is None
+    assert len(llm.generate(["hello there"], SamplingParams(temperature=0, max_tokens=4))[0].outputs[0].token_ids) == 4
+
+
+def test_the_knob_turns_it_off(tiny_model, monkeypatch):
+    monkeypatch.setenv("PAGEDCHAT_NO_FUSED_LAYERS", "1")
+    assert LLM(tiny_model("llama")[0], quantization="int4", num_kv_blocks=64).engine.model.model.fused is None
+
+
+def test_steps_it_does_not_serve(tiny_model):
+    """A prompt chunk attended by SDPA, a cascade, or rows a linear would give its dense copy."""
+    llm = LLM(tiny_model("llama")[0], quantization="int8", num_kv_blocks=64)
+    fused = llm.engine.model.model.fused
+    (all_rows, small_m), = fused.limits
+    h = torch.zeros(3, 64, dtype=fused.dtype)
+    table, lens = torch.zeros(3, 1, dtype=torch.long), torch.ones(3, dtype=torch.long)
+
+    def meta(num_decode=3, rows=3, **kw):
+        return AttentionMetadata(torch.arange(3), num_decode, table[:rows], lens[:rows], **kw)
+    assert fused.serves(h, meta()) and not fused.serves(h, None)
+    assert not fused.serves(h, meta(rows=2, prefills=[PrefillSeq(2, 1, 1, torch.zeros(1, dtype=torch.long))]))
+    assert not fused.serves(h, meta(shared=object()))
+    assert not fused.serves(h, meta(num_decode=2)) and all_rows < 3  # a prompt row would take the dense copy
+    many = torch.zeros(small_m + 1, 64, dtype=fused.dtype)
+    table, lens = torch.zeros(small_m + 1, 1, dtype=torch.long), torch.ones(small_m + 1, dtype=torch.long)
+    assert not fused.serves(many, AttentionMetadata(torch.arange(small_m + 1), small_m + 1, table, lens))
+    assert isinstance(fused, FusedLayers)

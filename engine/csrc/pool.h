@@ -1,5 +1,5 @@
-/* pool_run(parts, fn, ctx) calls fn(ctx, part, parts) for part = 0 .. parts-1, part 0 on the
- * calling thread and the others on warm worker threads (pool.c); returns when all are done. */
+/* pool_run(parts, fn, ctx) calls fn(ctx, part, parts) for part = 0 .. parts-1, each part on whichever
+ * of the calling thread and the warm worker threads (pool.c) takes it first; returns when all are done. */
 #ifndef PAGEDCHAT_POOL_H
 #define PAGEDCHAT_POOL_H
 

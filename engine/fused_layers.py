@@ -8,6 +8,8 @@ model, or a step, it does not serve runs its modules as before.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -16,16 +18,23 @@ from engine.attention import AttentionMetadata
 from engine.config import knobs
 from engine.layers import SiluAndMul
 from engine.linear import Linear
-from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
-from engine.quant.kernels import Int4Weight, Int8Weight
 
-# csrc/kernels.h's numbers: a linear's kernel, and (kernel type, rows rounded to int8) -> it
+# csrc/kernels.h's numbers for a linear's kernel
 INT4, INT4_I8, INT4_F32, INT4_F32_I8, INT5_I8, INT8, INT8_I8, INT8_F32, INT8_F32_I8, INT8G_I8 = range(10)
-_KINDS = {(Int4Weight, torch.bfloat16, False): INT4, (Int4Weight, torch.bfloat16, True): INT4_I8,
-          (Int4Weight, torch.float32, False): INT4_F32, (Int4Weight, torch.float32, True): INT4_F32_I8,
-          (Int8Weight, torch.bfloat16, False): INT8, (Int8Weight, torch.bfloat16, True): INT8_I8,
-          (Int8Weight, torch.float32, False): INT8_F32, (Int8Weight, torch.float32, True): INT8_F32_I8,
-          (Int5Weight, torch.bfloat16, True): INT5_I8, (Int8GroupWeight, torch.bfloat16, True): INT8G_I8}
+
+
+@functools.cache
+def _kinds() -> dict:
+    """(kernel type, dtype, rows rounded to int8) -> its number. Imported here, not above: the models import
+    this module, and reading a checkpoint imports no quantization code (tests/test_layout.py)."""
+    from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
+    from engine.quant.kernels import Int4Weight, Int8Weight
+
+    return {(Int4Weight, torch.bfloat16, False): INT4, (Int4Weight, torch.bfloat16, True): INT4_I8,
+            (Int4Weight, torch.float32, False): INT4_F32, (Int4Weight, torch.float32, True): INT4_F32_I8,
+            (Int8Weight, torch.bfloat16, False): INT8, (Int8Weight, torch.bfloat16, True): INT8_I8,
+            (Int8Weight, torch.float32, False): INT8_F32, (Int8Weight, torch.float32, True): INT8_F32_I8,
+            (Int5Weight, torch.bfloat16, True): INT5_I8, (Int8GroupWeight, torch.bfloat16, True): INT8G_I8}
 
 
 def linear_fields(linear: Linear, dtype: torch.dtype) -> list[int] | None:
@@ -36,10 +45,11 @@ def linear_fields(linear: Linear, dtype: torch.dtype) -> list[int] | None:
     if getattr(k, "perm", None) is not None or (bias is not None and bias.dtype != dtype):
         return None
     kernel_dtype = getattr(k, "kernel_dtype", torch.bfloat16)
-    kind = _KINDS.get((type(k), dtype, bool(getattr(k, "int8_rows", False)))) if kernel_dtype is dtype else None
+    kind = _kinds().get((type(k), dtype, bool(getattr(k, "int8_rows", False)))) if kernel_dtype is dtype else None
     if kind is None:
         return None
-    packed, scales = (k.q, k.scales) if isinstance(k, Int8Weight) else (k.packed, k.scales_and_zeros)
+    int8 = kind in (INT8, INT8_I8, INT8_F32, INT8_F32_I8)  # Int8Weight: its own names
+    packed, scales = (k.q, k.scales) if int8 else (k.packed, k.scales_and_zeros)
     return [kind, packed.data_ptr(), scales.data_ptr(), k.N, k.K, getattr(k, "group_size", 0), k.amx_from,
             k.tiles_from, 0 if bias is None else bias.data_ptr()]
 

@@ -189,6 +189,18 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def int8_rows_lookup(packed: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows `ids` (int64, contiguous) of an int8-row packed weight ([N/16, K/4, 64] uint8, quant/packing.py's
+    int8_pack) times their fp32 scales, as [len(ids), K] in `dtype` (fp32 or bf16): csrc/embedding.c. An id
+    outside the weight's rows is an IndexError, as torch's indexing makes it."""
+    N, K = packed.shape[0] * 16, packed.shape[1] * 4
+    out = torch.empty(ids.shape[0], K, dtype=dtype)
+    if _lib.int8_rows_lookup(packed.data_ptr(), scales.data_ptr(), ids.data_ptr(), out.data_ptr(), ids.shape[0], N, K,
+                             _dtype_code(out)):
+        raise IndexError(f"token ids must be in [0, {N})")
+    return out
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """The first maximum's index in each row of a contiguous CPU float32 [rows, n] (a NaN counts as
     the maximum), as torch.argmax(dim=-1)."""

@@ -19,7 +19,7 @@ _CSRC = os.path.join(os.path.dirname(__file__), "csrc")
 _SOURCES = [os.path.join(_CSRC, name) for name in ("paged_attention.c", "prefix_attention.c", "kv_store.c",
                                                       "rms_norm.c", "silu_and_mul.c", "rotary.c", "argmax.c",
                                                       "quant_matmul.c", "quant_matmul_f32.c", "quant_int8_rows_f32.c",
-                                                      "pool.c", "features.c", "decoder.c")]
+                                                      "pool.c", "features.c", "decoder.c", "embedding.c")]
 # part of the build's cache key, not compiled alone
 _HEADERS = [os.path.join(_CSRC, name) for name in ("attention_amx.h", "attention_f32.h", "attention_int8.h",
                                                       "common.h", "exp.h", "kernels.h", "pool.h", "quant_amx.h",
@@ -70,6 +70,7 @@ def build() -> tuple[ctypes.CDLL | None, str]:
         "rotary_neox": (None, [ptr] * 2 + [i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
         "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),
+        "int8_rows_lookup": (ctypes.c_int, [ptr] * 4 + [i64, i32, i32, i32]),
         "amx_tiles_computed": (i64, []),
         "int4_matmul": matmul4, "int4_matmul_bf16_tiles": matmul4, "int4_matmul_i8": matmul4_i8,
         "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4_i8, "int4_matmul_f32_i8": matmul4,

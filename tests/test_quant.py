@@ -538,6 +538,27 @@ def test_an_int8_lm_head_gives_back_its_rows_in_every_layout(monkeypatch):
     assert weight.q.dim() == 2 and torch.allclose(weight.rows(ids), expected, rtol=1e-2)
 
 
+@pytest.mark.skipif(not OUR_KERNELS, reason="our kernels need AVX-512 BF16 or AVX2 with FMA")
+@pytest.mark.parametrize("dtype", OUR_KERNELS)
+def test_the_c_embedding_lookup_computes_the_torch_paths_bits(dtype):
+    """A tied int8-row LM head's embedding lookup through csrc/embedding.c equals Int8Weight.rows rounded to the
+    model's dtype, bit for bit; an id outside the table is an IndexError, as torch's indexing makes it."""
+    from engine.quant.kernels import PackedEmbedding
+
+    g = torch.Generator().manual_seed(3)
+    q, scales = quantize_int8(torch.randn(96, 128, generator=g) * torch.rand(96, 1, generator=g) * 5)
+    weight = Int8Weight(q, scales, dtype, keep_dense=False, int8_rows=True)
+    embedding = PackedEmbedding(weight, dtype)
+    assert embedding.lookup
+    ids = torch.tensor([[0, 95, 17, 17], [63, 64, 1, 40]])
+    got = embedding(ids)
+    assert got.dtype == dtype and got.shape == (2, 4, 128)
+    assert torch.equal(got.view(-1, 128), weight.rows(ids.reshape(-1)).to(dtype))
+    for bad in (96, -1):
+        with pytest.raises(IndexError):
+            embedding(torch.tensor([3, bad]))
+
+
 @pytest.mark.e2e
 def test_the_default_model_keeps_its_embedding_once_in_the_int8_lm_head(monkeypatch):
     """The embedded GGUF's tied embedding is looked up from the LM head's int8 weight (no bf16 table

@@ -29,6 +29,8 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int n, int dtype, int 
 void rotary_neox(void *q, void *k, int64_t q_stride, int64_t k_stride, const float *cos, const float *sin,
                  const int64_t *positions, int64_t T, int Hq, int Hk, int D, int dtype);
 void argmax_rows(const float *x, int64_t *out, int64_t rows, int64_t n, int threads);
+int int8_rows_lookup(const uint8_t *packed, const float *scales, const int64_t *ids, void *out, int64_t n, int N,
+                     int K, int dtype); /* embedding.c: PC_BAD_SHAPE for an id outside [0, N) */
 int int4_matmul(const void *x, const void *packed, const void *scales, void *y, int M, int K, int N, int group,
                 int threads);
 /* The _i8 kernels' amx: whole tiles of 16 rows take AMX tiles where amx_tiles() (same results). */

@@ -37,7 +37,7 @@ def _kinds() -> dict:
             (Int5Weight, torch.bfloat16, True): INT5_I8, (Int8GroupWeight, torch.bfloat16, True): INT8G_I8}
 
 
-def linear_fields(linear: Linear, dtype: torch.dtype) -> list[int] | None:
+def _linear_fields(linear: Linear, dtype: torch.dtype) -> list[int] | None:
     """A linear as csrc/decoder.c reads it (kind, packed, scales, N, K, group, amx_from, tiles_from, bias), or
     None where its Python kernel would not call one of ours (a dense weight, an act-order permutation,
     another dtype)."""
@@ -130,7 +130,7 @@ def _layer_fields(layer: nn.Module, first: nn.Module, dtype: torch.dtype) -> lis
         return None
     if not (attn.k_cache.numel() and attn.k_cache.is_contiguous() and attn.v_cache.is_contiguous()):
         return None
-    linears = [linear_fields(m, dtype) for m in _linears(layer)]
+    linears = [_linear_fields(m, dtype) for m in _linears(layer)]
     if any(f is None for f in linears):
         return None
     row = [norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), attn.k_cache.data_ptr(), attn.v_cache.data_ptr()]

@@ -45,16 +45,13 @@ static int linear(const int64_t *l, const void *x, void *y, int M, int dtype, in
     const int code = matmul(l, x, y, M, threads);
     const int64_t N = l[PC_LINEAR_N];
     if (code || !l[PC_LINEAR_BIAS]) return code;
-    for (int64_t r = 0; r < M; r++) {
-        if (dtype == 0) {
-            float *yr = (float *)y + r * N;
-            const float *b = (const float *)l[PC_LINEAR_BIAS];
-            for (int64_t n = 0; n < N; n++) yr[n] += b[n];
-        } else {
-            uint16_t *yr = (uint16_t *)y + r * N;
-            const uint16_t *b = (const uint16_t *)l[PC_LINEAR_BIAS];
-            for (int64_t n = 0; n < N; n++) yr[n] = f32_to_bf16(bf16_to_f32(yr[n]) + bf16_to_f32(b[n]));
-        }
+    const float *bias_f32 = (const float *)l[PC_LINEAR_BIAS];
+    const uint16_t *bias_bf16 = (const uint16_t *)l[PC_LINEAR_BIAS];
+    float *y_f32 = y;
+    uint16_t *y_bf16 = y;
+    for (int64_t i = 0; i < M * N; i++) {
+        if (dtype == 0) y_f32[i] += bias_f32[i % N];
+        else y_bf16[i] = f32_to_bf16(bf16_to_f32(y_bf16[i]) + bf16_to_f32(bias_bf16[i % N]));
     }
     return PC_OK;
 }
@@ -79,7 +76,7 @@ int decoder_layers(const int64_t *layers, int L, const int64_t *shape, void *h, 
     char *x = work, *qkv = x + x_bytes, *attn = qkv + qkv_bytes, *o = attn + attn_bytes, *up = o + x_bytes;
     char *act = up + up_bytes;
     int code = PC_OK;
-    for (int l = 0; l < L && code == PC_OK; l++) {
+    for (int l = 0; l < L && !code; l++) {
         const int64_t *layer = layers + (int64_t)l * PC_LAYER_FIELDS;
         void *k_cache = (void *)layer[PC_LAYER_K_CACHE], *v_cache = (void *)layer[PC_LAYER_V_CACHE];
         /* the residual stream starts as the embeddings; later layers add the last MLP's output first */

@@ -17,7 +17,8 @@ its default (the GGUF, 4-bit blocks kept packed, rows as int8 per 32 inputs) unl
 serves it the same bf16 folder; --with-bf16-rows adds a server with --no-int8-activations,
 --with-int8-kv one with --kv-cache-dtype int8, --with-no-batch-invariant one with --no-batch-invariant.
 llama-server (bench/llama_cpp.py) serves the same GGUF file as pagedchat's default, 64 slots, in the
-KV layouts --llama-cpp names (default: unified, its best here for many sessions).
+KV layouts --llama-cpp names (default: unified, its best here for many sessions). --long-system-prompt
+starts every session with the shop's policies pasted into the system prompt (1213 tokens).
 
 Every server is started first and stays up (an idle one sleeps); then, round by round, each
 concurrency is driven against each server in turn, after a short warm-up of that server, the order
@@ -45,7 +46,7 @@ import engine  # noqa: F401  (sets OMP_WAIT_POLICY before torch loads)
 import torch
 
 from bench.llama_cpp import VARIANTS, build_llama_server, llama_server_cmd
-from bench.throughput import run_openai
+from bench.throughput import LongSystemPrompt, run_openai
 from engine.checkpoint.source import default_model_path
 from engine.config import EngineConfig
 
@@ -170,6 +171,7 @@ def main() -> None:
                    help="llama-server's KV layouts to run, each a column (none: skip llama.cpp)")
     p.add_argument("--vllm-dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="auto: the dtype pagedchat picks on this CPU")
+    p.add_argument("--long-system-prompt", action=LongSystemPrompt)
     args = p.parse_args()
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -210,7 +212,8 @@ def main() -> None:
     finally:
         for server in servers:
             server.stop()
-    print(f"\ncustomer-service sessions, {args.turns} turns, greedy, max_tokens 64, seeds {args.seed}-"
+    print(f"\ncustomer-service sessions{' (the long system prompt)' if args.long_system_prompt else ''}, "
+          f"{args.turns} turns, greedy, max_tokens 64, seeds {args.seed}-"
           f"{args.seed + args.rounds - 1}, {args.rounds} interleaved rounds; pagedchat on "
           f"{'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; vLLM in {vllm_dtype}; "
           f"llama.cpp on the same GGUF")

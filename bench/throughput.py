@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -25,6 +26,29 @@ from ui.simulate import user_turns
 from engine import LLM, SamplingParams, cpu_kernels
 
 MAX_TOKENS = 64
+KNOWLEDGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "knowledge")
+
+
+def use_long_system_prompt() -> None:
+    """Every session from now on starts with a shop's long system prompt: ours with the shipped English
+    policies (docs/knowledge) pasted in, 1213 tokens of the default model (prompt chunks past 1024 tokens
+    of context, a prefix the cascade takes)."""
+    global SYSTEM_PROMPT
+    policies = "".join(open(os.path.join(KNOWLEDGE, name), encoding="utf-8").read()
+                       for name in ("returns.md", "shipping.md", "warranty.md"))
+    SYSTEM_PROMPT = f"{SYSTEM_PROMPT}\n\nShop policies:\n{policies}"
+
+
+class LongSystemPrompt(argparse.Action):
+    """--long-system-prompt: use_long_system_prompt() as the options are read (every benchmark's parser)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=False,
+                         help="the shop's policies pasted into the system prompt (1213 tokens)")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        use_long_system_prompt()
+        setattr(namespace, self.dest, True)
 
 
 class Session:
@@ -51,6 +75,7 @@ def interleaved_parser(doc: str) -> argparse.ArgumentParser:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7919)
+    ap.add_argument("--long-system-prompt", action=LongSystemPrompt)
     return ap
 
 
@@ -244,6 +269,7 @@ def main() -> None:
     p.add_argument("--openai-url", default=None, help="also drive this OpenAI-compatible server")
     p.add_argument("--served-model", default="default")
     p.add_argument("--profile-batch", type=int, default=64)
+    p.add_argument("--long-system-prompt", action=LongSystemPrompt)
     args = p.parse_args()
 
     llm = LLM(args.model, dtype=args.dtype, num_threads=args.threads, max_num_seqs=args.max_num_seqs)

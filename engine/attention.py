@@ -169,7 +169,7 @@ class PagedAttention(nn.Module):
         out = q.new_empty(q.shape) if out is None else out
         starts = self._starts(meta)
         int8 = (self.block_size, self.num_kv_heads) if self.int8 else None
-        if self.kernels and cpu_kernels.supports(q) and (int8 is None or self.int8_kernel(q.dtype)):
+        if cpu_kernels.supports(q) and self.kernel_serves(q.dtype):
             if starts is not None:  # a window: no cascade (the shared prefix falls out of it)
                 prefix = (starts, None, None, None)
             else:
@@ -190,6 +190,11 @@ class PagedAttention(nn.Module):
         values = self._value_blocks(meta.row_block_tables, q.dtype).view(B, nb * bs, self.num_kv_heads, self.head_dim)
         o = self._sdpa(q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2), meta.row_masks[self.window])
         return out.copy_(o.squeeze(2))
+
+    def kernel_serves(self, dtype: torch.dtype) -> bool:
+        """Whether the C kernel attends this layer's rows of `dtype` (fp32 or bf16 ones): else the torch
+        path, which gathers every row's whole context."""
+        return self.kernels and (self.int8 is None or self.int8_kernel(dtype))
 
     def int8_kernel(self, dtype: torch.dtype) -> bool:
         """Whether the C kernel reads int8 pools for queries of `dtype` (bf16 on AVX-512 BF16 and VNNI, fp32 on
@@ -225,13 +230,19 @@ class PagedAttention(nn.Module):
         product); the kernel then attends each row's own suffix and merges the two partial softmaxes
         exactly (log-sum-exp). Returns the kernel's `prefix` argument."""
         shared = meta.shared
-        content, keys, values = self._prefix
-        if content != shared.content:  # full blocks never change: the operands serve until the prefix does
-            keys, values = prefix_operands(self._key_blocks(shared.block_ids, q.dtype),
-                                           self._value_blocks(shared.block_ids, q.dtype))
-            self._prefix = (shared.content, keys, values)
+        keys, values = self.shared_operands(shared, q.dtype)
         prefix_out, prefix_lse = prefix_attention(q[shared.rows], keys, values, self.scale, meta.kernel_threads)
         return shared.starts, shared.prefix_row, prefix_out, prefix_lse
+
+    def shared_operands(self, shared: SharedPrefix, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared prefix's K and V as prefix_attention takes them (cascade.prefix_operands), kept
+        until the prefix changes: its blocks are full, and full blocks never change."""
+        content, keys, values = self._prefix
+        if content != shared.content:
+            keys, values = prefix_operands(self._key_blocks(shared.block_ids, dtype),
+                                           self._value_blocks(shared.block_ids, dtype))
+            self._prefix = (shared.content, keys, values)
+        return keys, values
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq: PrefillSeq) -> torch.Tensor:
         qt = q.transpose(0, 1).unsqueeze(0)  # [1, H, q_len, D]

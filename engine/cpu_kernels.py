@@ -141,15 +141,17 @@ def kv_store_int8(k: torch.Tensor, v: torch.Tensor, k_pool: torch.Tensor, v_pool
 
 def decoder_layers(table: torch.Tensor, shape: torch.Tensor, h: torch.Tensor, positions: torch.Tensor,
                    cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, block_tables: torch.Tensor,
-                   seq_lens: torch.Tensor, eps: float, scale: float, attention_threads: int | None) -> torch.Tensor:
-    """A Llama-family decoder stack in one call (csrc/decoder.c; engine/fused_layers.py builds `table` and
-    `shape`): h [T, hidden] contiguous, the embeddings, becomes the residual stream in place; returns the
-    last layer's output. The other arguments as rotary_neox's, kv_store's and paged_decode_attention's."""
+                   seq_lens: torch.Tensor, eps: float, scale: float, attention_threads: int | None,
+                   cascade: torch.Tensor | None = None) -> torch.Tensor:
+    """A Llama-family decoder stack in one call (csrc/decoder.c; engine/fused_layers.py builds `table`,
+    `shape` and `cascade`): h [T, hidden] contiguous, the embeddings, becomes the residual stream in place;
+    returns the last layer's output. The other arguments as rotary_neox's, kv_store's and
+    paged_decode_attention's; cascade: None, or csrc/kernels.h's PC_CASCADE_* fields (int64)."""
     out = torch.empty_like(h)
     code = _lib.decoder_layers(table.data_ptr(), table.shape[0], shape.data_ptr(), h.data_ptr(), out.data_ptr(),
                                h.shape[0], positions.data_ptr(), cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
                                block_tables.data_ptr(), seq_lens.data_ptr(), block_tables.shape[1], eps, scale,
-                               _threads, attention_threads or _threads)
+                               _threads, attention_threads or _threads, _ptr(cascade))
     if code:
         _check(code, "decoder_layers")
     return out

@@ -67,6 +67,7 @@ class FusedLayers:
                                    attn.head_dim, 0 if dtype == torch.float32 else 1, int(attn.int8 is not None),
                                    attn.block_size], dtype=torch.int64)
         self.eps, self.scale, self.dtype = first.input_layernorm.eps, attn.scale, dtype
+        self.head_dim, self.block_size = attn.head_dim, attn.block_size
         self.limits = limits  # (all_rows, small_m) of the linears that keep a dense copy (serves)
 
     @classmethod
@@ -87,12 +88,14 @@ class FusedLayers:
         return cls(layers, table, limits, dtype)
 
     def serves(self, h: torch.Tensor, meta: AttentionMetadata | None) -> bool:
-        """Whether this step's rows are all attended one by one with no cascade, and every linear takes its
-        packed kernel for all of them (quant/kernels.py's packed_rows: a linear with a dense copy gives it
-        prompt rows beyond its all_rows, and decode rows beyond its small_m)."""
-        if meta is None or meta.prefills or meta.shared is not None or not cpu_kernels.supports(h) \
-                or h.dtype != self.dtype or meta.row_seq_lens is None or meta.row_seq_lens.shape[0] != h.shape[0]:
+        """Whether this step's rows are all attended one by one (a cascade's prefix by our kernel), and every
+        linear takes its packed kernel for all of them (quant/kernels.py's packed_rows: a linear with a dense
+        copy gives it prompt rows beyond its all_rows, and decode rows beyond its small_m)."""
+        if meta is None or meta.prefills or not cpu_kernels.supports(h) or h.dtype != self.dtype \
+                or meta.row_seq_lens is None or meta.row_seq_lens.shape[0] != h.shape[0]:
             return False
+        if meta.shared is not None and not cpu_kernels.prefix_kernel(self.dtype, self.head_dim, self._tokens(meta)):
+            return False  # torch's flash attention would take the prefix
         rows, decodes = h.shape[0], meta.num_decode
         return all(rows <= all_rows or (decodes == rows and rows <= small_m) for all_rows, small_m in self.limits)
 
@@ -101,8 +104,23 @@ class FusedLayers:
         """h [T, hidden] embeddings -> (the last layer's output, the residual stream: h, updated in place)."""
         out = cpu_kernels.decoder_layers(self.table, self.shape, h, positions, self.rotary.cos, self.rotary.sin,
                                          meta.slot_mapping, meta.row_block_tables, meta.row_seq_lens, self.eps,
-                                         self.scale, meta.kernel_threads)
+                                         self.scale, meta.kernel_threads, self._cascade(meta))
         return out, h
+
+    def _tokens(self, meta: AttentionMetadata) -> int:
+        return meta.shared.block_ids.shape[0] * self.block_size
+
+    def _cascade(self, meta: AttentionMetadata) -> torch.Tensor | None:
+        """csrc/kernels.h's PC_CASCADE_* fields for this step's shared prefix (None without one): every layer's
+        prefix operands made or kept first, as the modules make them at that layer's turn (its full blocks
+        are written by earlier steps, so the same bits)."""
+        shared = meta.shared
+        if shared is None:
+            return None
+        attns = (layer.self_attn.attn for layer in self.layers)
+        operands = [t.data_ptr() for attn in attns for t in attn.shared_operands(shared, self.dtype)]
+        return torch.tensor([shared.rows.shape[0], self._tokens(meta), shared.rows.data_ptr(), shared.starts.data_ptr(),
+                             shared.prefix_row.data_ptr(), *operands], dtype=torch.int64)
 
 
 def _linears(layer: nn.Module) -> tuple[Linear, ...]:

@@ -76,7 +76,7 @@ def build() -> tuple[ctypes.CDLL | None, str]:
         "int4_matmul_f32": matmul4, "int5_matmul_i8": matmul4_i8, "int4_matmul_f32_i8": matmul4,
         "int8_matmul": matmul8, "int8_matmul_i8": matmul8_i8, "int8_matmul_f32": matmul8, "int8g_matmul_i8": matmul4_i8,
         "int8_matmul_f32_i8": matmul8,
-        "decoder_layers": (ctypes.c_int, [ptr, i32, ptr, ptr, ptr, i32] + [ptr] * 6 + [i32, f32, f32, i32, i32]),
+        "decoder_layers": (ctypes.c_int, [ptr, i32, ptr, ptr, ptr, i32] + [ptr] * 6 + [i32, f32, f32, i32, i32, ptr]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)

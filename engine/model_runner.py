@@ -7,12 +7,13 @@ attention can treat all those rows as one batch of one-token sequences.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 from torch import nn
 
 from engine import cpu_kernels
-from engine.attention import AttentionMetadata, PrefillSeq, use_metadata
+from engine.attention import AttentionMetadata, PagedAttention, PrefillSeq, use_metadata
 from engine.cascade import find_shared_prefix, shared_tokens_needed
 from engine.kv_layout import int8_block_bytes, kv_cache_shapes
 from engine.linear import Linear
@@ -31,11 +32,16 @@ ONE_THREAD_MAX_WEIGHTS = 4 * 2**20  # a model qualifies when its largest Linear 
 # rest does (measured: 8 sequences of ~600 tokens, 220 us a layer on one thread; one of 100, 18 us on
 # one and 35 on two).
 PARALLEL_ATTENTION_TOKENS = 2048
-# A prompt chunk whose context is at most this many tokens is attended row by row by the decode
-# kernel (each row a one-token sequence over its own prefix) rather than by SDPA with a mask:
-# measured here (bf16, SmolLM2's heads, one layer), 100 new rows after 300 cached 0.93 ms against
-# 1.96, 512 fresh rows 3.3 against 5.8, 1024 fresh 12.3 against 16.2, even at 2048. Each row then
-# computes exactly what it would as a decode, whatever the chunking or the prefix cache held.
+# Prompt chunks are attended row by row by the decode kernel (each row a one-token sequence over its
+# own prefix; past the first chunk, 32+ rows share the cached part: the cascade) rather than by SDPA
+# with a mask. Each row then computes exactly what it would as a decode, whatever the chunking, the
+# prefix cache or the drafts beside it. In bf16 on AVX-512 BF16 at any length: a fresh prompt of the
+# default model (an AMD EPYC Zen 5, 2026-12-07, best of 3, rows against SDPA) 1250 tokens 740 against
+# 809 ms, 2500 1834 / 3242, 4000 2702 / 6302, 8000 7793 / 19029; int8 KV 4000 3381 / 7669; head_dim
+# 128 (random weights) 5000 1369 / 2282. In fp32, or where a layer's attention leaves the C kernel (a
+# softcap: the torch path gathers each row's context), up to this many tokens of context: fp32 1250
+# tokens 1048 / 1054 ms, 4000 8273 / 7341. (Earlier, one bf16 layer: 100 new rows after 300 cached
+# 0.93 ms against 1.96, 512 fresh rows 3.3 against 5.8.)
 ROW_PREFILL_CONTEXT = 1024
 
 
@@ -53,10 +59,9 @@ class ModelRunner:
         largest = max((m.in_features * m.out_features for name, m in model.named_modules()
                        if isinstance(m, Linear) and name != "lm_head"), default=0)  # the head runs on all threads
         self.small_model = device.type == "cpu" and largest < ONE_THREAD_MAX_WEIGHTS
-        self.row_prefill = device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and cpu_kernels.available()
         layers = model.attention_layers()
         a = layers[0]
-        self.kv_cache_dtype = kv_cache_dtype
+        self.kv_cache_dtype, self.head_dim = kv_cache_dtype, a.head_dim
         if kv_cache_dtype == "int8":
             k_shape = v_shape = (num_blocks, int8_block_bytes(block_size, a.num_kv_heads, a.head_dim))
             pool_dtype = torch.uint8
@@ -68,6 +73,7 @@ class ModelRunner:
         self.v_cache = torch.zeros(len(layers), *v_shape, dtype=pool_dtype, device=device)
         for i, layer in enumerate(layers):
             layer.bind_cache(self.k_cache[i], self.v_cache[i], int8=kv_cache_dtype == "int8")
+        self.row_context = self._row_context(layers)
         if hasattr(model, "fuse_layers"):
             model.fuse_layers()  # pointers into the weights and the pools just bound
 
@@ -169,7 +175,16 @@ class ModelRunner:
         return 1 if self._by_rows(s.request.num_computed_tokens + s.num_tokens) else 2
 
     def _by_rows(self, ctx_len: int) -> bool:
-        return self.row_prefill and ctx_len <= ROW_PREFILL_CONTEXT
+        return ctx_len <= self.row_context
+
+    def _row_context(self, layers: list[PagedAttention]) -> float:
+        """The longest context at which a prompt chunk is attended row by row (ROW_PREFILL_CONTEXT)."""
+        if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16) or not cpu_kernels.available():
+            return 0
+        if self.dtype == torch.bfloat16 and cpu_kernels.has("bf16_attention") and \
+                all(layer.kernel_serves(self.dtype) for layer in layers):
+            return math.inf
+        return ROW_PREFILL_CONTEXT
 
     @contextlib.contextmanager
     def _threads_for(self, rows: int):
@@ -244,14 +259,15 @@ class ModelRunner:
         meta = AttentionMetadata(torch.tensor(slots, dtype=torch.long, device=dev), num_decode, prefills=prefills)
         if row_tables:
             width = max(len(t) for t, _ in row_tables)
-            padded = [t + [0] * (width - len(t)) for t, n in row_tables for _ in range(n)]
-            table = torch.tensor(padded, dtype=torch.long, device=dev)  # one call, not one a request
+            table = torch.tensor([t + [0] * (width - len(t)) for t, _ in row_tables], dtype=torch.long, device=dev)
+            if len(row_tables) < len(row_lens):  # a prompt chunk's (or drafts') rows share its table
+                table = table.repeat_interleave(torch.tensor([n for _, n in row_tables], device=dev), dim=0)
             lens = torch.tensor(row_lens, dtype=torch.long, device=dev)
             meta.row_block_tables, meta.row_seq_lens = table, lens
             if dev.type == "cpu":
                 meta.kernel_threads = cpu_kernels.threads() if sum(row_lens) >= PARALLEL_ATTENTION_TOKENS else 1
                 meta.shared = find_shared_prefix(table, lens, bs, row_hashes,
-                                                 shared_tokens_needed(self.dtype, self.v_cache.shape[-1]))
+                                                 shared_tokens_needed(self.dtype, self.head_dim))
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)
 

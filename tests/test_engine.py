@@ -173,8 +173,9 @@ def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeyp
     monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS_KERNEL", 0)
     monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS_PLAIN", 0)
     calls = []
-    cascade = attention.PagedAttention._cascade_prefix
-    monkeypatch.setattr(attention.PagedAttention, "_cascade_prefix", lambda self, q, meta: calls.append(1) or cascade(self, q, meta))
+    operands = attention.PagedAttention.shared_operands  # the modules' cascade and the fused stack's take them
+    monkeypatch.setattr(attention.PagedAttention, "shared_operands",
+                        lambda self, shared, dtype: calls.append(1) or operands(self, shared, dtype))
     assert tokens(smol32.generate(batch, GREEDY)) == per_sequence
     assert calls  # the cascade did run
     smol32.engine.check_integrity()
@@ -226,9 +227,11 @@ def test_decode_attention_takes_every_thread_only_for_long_contexts(tiny_model, 
 
 
 
-def test_short_prompt_chunks_are_attended_row_by_row_and_long_ones_by_sdpa(tiny_model, monkeypatch):
-    """A prompt chunk whose context fits ROW_PREFILL_CONTEXT goes through the decode kernel, one row
-    per token, each over its own prefix; a longer one through SDPA. Both give the same greedy text."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prompt_chunks_are_attended_row_by_row(dtype, tiny_model, monkeypatch):
+    """A prompt chunk goes through the decode kernel, one row per token, each over its own prefix: in
+    fp32 while its context fits ROW_PREFILL_CONTEXT (a longer one through SDPA, the same greedy text),
+    in bf16 on AVX-512 BF16 whatever its length."""
     from engine import attention, cpu_kernels, model_runner
 
     if not cpu_kernels.available():
@@ -240,10 +243,23 @@ def test_short_prompt_chunks_are_attended_row_by_row_and_long_ones_by_sdpa(tiny_
     monkeypatch.setattr(cpu_kernels, "paged_decode_attention", lambda q, *a, **k: rows.append(q.shape[0]) or kernel(q, *a, **k))
     sdpa, chunks = attention.PagedAttention._prefill, []
     monkeypatch.setattr(attention.PagedAttention, "_prefill", lambda self, q, *a: chunks.append(q.shape[0]) or sdpa(self, q, *a))
-    by_rows = LLM(path, dtype="bfloat16", num_kv_blocks=64).generate([prompt], params)[0].outputs[0].token_ids
+    by_rows = LLM(path, dtype=dtype, num_kv_blocks=64).generate([prompt], params)[0].outputs[0].token_ids
     assert 70 in rows and not chunks
     rows.clear()
     monkeypatch.setattr(model_runner, "ROW_PREFILL_CONTEXT", 32)
-    by_sdpa = LLM(path, dtype="bfloat16", num_kv_blocks=64).generate([prompt], params)[0].outputs[0].token_ids
-    assert 70 in chunks and max(rows) == 1
-    assert by_rows == by_sdpa
+    past_the_limit = LLM(path, dtype=dtype, num_kv_blocks=64).generate([prompt], params)[0].outputs[0].token_ids
+    if dtype == "bfloat16" and cpu_kernels.has("bf16_attention"):
+        assert 70 in rows and not chunks
+    else:
+        assert 70 in chunks and max(rows) == 1
+    assert by_rows == past_the_limit
+
+
+def test_long_chunks_stay_with_sdpa_where_a_layer_leaves_the_kernel(tiny_model):
+    """Gemma 2's softcapped attention takes the torch path, which gathers every row's whole context."""
+    from engine import cpu_kernels, model_runner
+
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    runner = LLM(tiny_model("gemma2")[0], dtype="bfloat16", num_kv_blocks=64).engine.runner
+    assert runner.row_context == model_runner.ROW_PREFILL_CONTEXT

@@ -20,26 +20,29 @@ PROMPTS = ["order 4417 order 4417 order 4417 where is order 4417 " * 3, "hello",
 
 
 def counted(monkeypatch) -> list[int]:
-    """The rows of each decoder_layers call from now on."""
+    """The rows of each decoder_layers call from now on, negative where it ran a cascade."""
     calls, real = [], cpu_kernels.decoder_layers
 
     def count(table, shape, h, *args):
-        calls.append(h.shape[0])
+        calls.append(-h.shape[0] if args[-1] is not None else h.shape[0])
         return real(table, shape, h, *args)
     monkeypatch.setattr(cpu_kernels, "decoder_layers", count)
     return calls
 
 
-def fused_and_modules(llm: LLM, monkeypatch) -> tuple[list, list, list[int]]:
+def fused_and_modules(llm: LLM, monkeypatch, prompts: list[str] = PROMPTS,
+                      prompt_logprobs: int | None = 2) -> tuple[list, list, list[int]]:
     """Greedy replies with their logprobs and prompt logprobs, through the fused stack and through the
-    modules (the same engine, nothing cached between), and the fused run's decoder_layers calls."""
+    modules (the same engine, nothing cached between but the first prompt, run alone first), and the
+    fused run's decoder_layers calls. Prompt logprobs compute every prompt token (no prefix cache)."""
     model = llm.engine.model.model
     fused, results, calls = model.fused, [], counted(monkeypatch)
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3, prompt_logprobs=2)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=3, prompt_logprobs=prompt_logprobs)
     for stack in (fused, None):
         model.fused = stack
         llm.reset_prefix_cache()
-        outs = llm.generate(PROMPTS, params)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=1))
+        outs = llm.generate(prompts, params)
         results.append([(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in outs])
         if stack is not None:
             fused_calls = list(calls)
@@ -88,6 +91,37 @@ def test_a_q4_k_m_gguf_mixing_4_5_and_8_bit_layers(tmp_path, monkeypatch):
     assert fused == modules and max(calls) > len(PROMPTS)
 
 
+@pytest.mark.skipif(not cpu_kernels.has("bf16_attention"), reason="the cascade's prefix kernel needs AVX-512 BF16")
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_cascade_steps(kv, tmp_path, tokenizer_dir, monkeypatch):
+    """Rows sharing a system prompt: the prefix attended once for all of them inside the call (a model
+    with the prefix kernel's head size, 64), the same bits as the modules' cascade."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from engine import cascade
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=64, max_position_embeddings=512, tie_word_embeddings=True))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    monkeypatch.setattr(cascade, "MIN_SHARING_ROWS", 4)
+    monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS_KERNEL", 32)
+    llm = LLM(str(tmp_path), dtype="bfloat16", quantization="int4", kv_cache_dtype=kv, num_kv_blocks=256)
+    system = "You are Sam of Northwind Outfitters. Refunds within thirty days with a receipt. " * 3
+    prompts = [system + question for question in ("where is my order 4417?", "hello", "a b c d e f g a b c",
+                                                  "can I return boots?", "what are your hours", "thanks")]
+    fused, modules, calls = fused_and_modules(llm, monkeypatch, prompts, prompt_logprobs=None)
+    assert fused == modules
+    assert min(calls) <= -4  # steps of at least four sharing rows went through it with their cascade
+
+
 @pytest.mark.parametrize("arch,quantization", [("qwen3", "int4"), ("mistral-window", "int4"), ("gemma2", "int4"),
                                                 ("llama", "none")])
 def test_models_it_does_not_serve_run_their_modules(arch, quantization, tiny_model):
@@ -103,7 +137,7 @@ def test_the_knob_turns_it_off(tiny_model, monkeypatch):
 
 
 def test_steps_it_does_not_serve(tiny_model):
-    """A prompt chunk attended by SDPA, a cascade, or rows a linear would give its dense copy."""
+    """A prompt chunk attended by SDPA, or rows a linear would give its dense copy."""
     llm = LLM(tiny_model("llama")[0], quantization="int8", num_kv_blocks=64)
     fused = llm.engine.model.model.fused
     (all_rows, small_m), = fused.limits
@@ -114,7 +148,6 @@ def test_steps_it_does_not_serve(tiny_model):
         return AttentionMetadata(torch.arange(3), num_decode, table[:rows], lens[:rows], **kw)
     assert fused.serves(h, meta()) and not fused.serves(h, None)
     assert not fused.serves(h, meta(rows=2, prefills=[PrefillSeq(2, 1, 1, torch.zeros(1, dtype=torch.long))]))
-    assert not fused.serves(h, meta(shared=object()))
     assert not fused.serves(h, meta(num_decode=2)) and all_rows < 3  # a prompt row would take the dense copy
     many = torch.zeros(small_m + 1, 64, dtype=fused.dtype)
     table, lens = torch.zeros(small_m + 1, 1, dtype=torch.long), torch.ones(small_m + 1, dtype=torch.long)

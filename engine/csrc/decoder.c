@@ -4,16 +4,21 @@
  * the same bits either way; what goes is the Python between them: thirty layers of module calls,
  * ctypes glue and tensor views, about 4 ms a step of the default model whatever its rows.
  *
- * It serves steps whose rows are all attended one by one (decodes, drafts, short prompt chunks) with no
- * cascade, where every linear would take one of our packed kernels for all the step's rows.
+ * It serves steps whose rows are all attended one by one (decodes, drafts, short prompt chunks), where every
+ * linear would take one of our packed kernels for all the step's rows; with a cascade (engine/cascade.py)
+ * where prefix_attention serves it.
  *
  * layers [L, PC_LAYER_FIELDS] int64 (kernels.h): per layer the two norms' weights, the K and V pools, and
  * the qkv, o, gate_up and down linears (PC_LINEAR_FIELDS each). shape: hidden, H, Hkv, D, dtype (0 fp32,
  * 1 bf16), kv_int8, block_size. h [M, hidden]: the embeddings in, the residual stream out (in place, as
  * the modules do); out [M, hidden]: the last layer's MLP output. The final norm is the caller's.
+ * cascade: NULL, or int64 fields (kernels.h's PC_CASCADE_*): the S rows that share a prefix of P tokens, each
+ * row's first own token and row among them (paged_decode_attention's starts and prefix_row), and per layer
+ * the prefix's K and V laid out for prefix_attention.
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 #include "kernels.h"
@@ -62,7 +67,7 @@ static int64_t lines(int64_t n, int64_t size) { return (n * size + 63) / 64 * 64
 int decoder_layers(const int64_t *layers, int L, const int64_t *shape, void *h, void *out, int M,
                    const int64_t *positions, const float *cos, const float *sin, const int64_t *slots,
                    const int64_t *block_tables, const int64_t *seq_lens, int max_blocks, float eps, float scale,
-                   int threads, int attention_threads) {
+                   int threads, int attention_threads, const int64_t *cascade) {
     const int hidden = (int)shape[0], H = (int)shape[1], Hkv = (int)shape[2], D = (int)shape[3];
     const int dtype = (int)shape[4], kv_int8 = (int)shape[5], block_size = (int)shape[6];
     const int64_t size = dtype ? 2 : 4, q_width = (int64_t)H * D, qkv_width = q_width + 2 * (int64_t)Hkv * D;
@@ -71,10 +76,19 @@ int decoder_layers(const int64_t *layers, int L, const int64_t *shape, void *h, 
     const int64_t x_bytes = lines((int64_t)M * hidden, size), qkv_bytes = lines(M * qkv_width, size),
                   attn_bytes = lines(M * q_width, size), up_bytes = lines((int64_t)M * 2 * inter, size),
                   act_bytes = lines((int64_t)M * inter, size);
-    char *work = aligned_alloc(64, x_bytes + qkv_bytes + attn_bytes + x_bytes + up_bytes + act_bytes);
+    const int S = cascade ? (int)cascade[PC_CASCADE_ROWS] : 0;
+    const int64_t *shared_rows = cascade ? (const int64_t *)cascade[PC_CASCADE_ROW_IDS] : NULL;
+    const int64_t *starts = cascade ? (const int64_t *)cascade[PC_CASCADE_STARTS] : NULL;
+    const int64_t *prefix_row = cascade ? (const int64_t *)cascade[PC_CASCADE_PREFIX_ROW] : NULL;
+    const int64_t *operands = cascade ? cascade + PC_CASCADE_OPERANDS : NULL;
+    const int64_t shared_q_bytes = lines((int64_t)S * q_width, size), prefix_bytes = lines((int64_t)S * q_width, 4);
+    char *work = aligned_alloc(64, x_bytes + qkv_bytes + attn_bytes + x_bytes + up_bytes + act_bytes + shared_q_bytes +
+                                       prefix_bytes + lines((int64_t)S * H, 4));
     if (!work) return PC_NO_MEMORY;
     char *x = work, *qkv = x + x_bytes, *attn = qkv + qkv_bytes, *o = attn + attn_bytes, *up = o + x_bytes;
-    char *act = up + up_bytes;
+    char *act = up + up_bytes, *shared_q = act + act_bytes;
+    float *prefix_out = (float *)(shared_q + shared_q_bytes);
+    float *prefix_lse = (float *)((char *)prefix_out + prefix_bytes);
     int code = PC_OK;
     for (int l = 0; l < L && !code; l++) {
         const int64_t *layer = layers + (int64_t)l * PC_LAYER_FIELDS;
@@ -89,9 +103,17 @@ int decoder_layers(const int64_t *layers, int L, const int64_t *shape, void *h, 
             kv_store_int8(k, qkv_width, v, qkv_width, k_cache, v_cache, slots, M, Hkv, D, block_size, dtype, threads);
         else
             kv_store(k, qkv_width, v, qkv_width, k_cache, v_cache, slots, M, Hkv, D, block_size, dtype, threads);
-        code = paged_decode_attention(qkv, qkv_width, k_cache, v_cache, attn, block_tables, seq_lens, NULL, NULL,
-                                      NULL, NULL, M, H, Hkv, D, block_size, max_blocks, scale, attention_dtype,
-                                      attention_threads);
+        if (S) { /* the cascade's prefix side as attention.py's _cascade_prefix: the sharing rows' queries */
+            for (int r = 0; r < S; r++)
+                memcpy(shared_q + r * q_width * size, qkv + shared_rows[r] * qkv_width * size, q_width * size);
+            const void *keys = (const void *)operands[2 * l], *values = (const void *)operands[2 * l + 1];
+            code = prefix_attention(shared_q, q_width, keys, values, prefix_out, prefix_lse, S, H, Hkv, D,
+                                    cascade[PC_CASCADE_TOKENS], scale, attention_threads);
+            if (code) break;
+        }
+        code = paged_decode_attention(qkv, qkv_width, k_cache, v_cache, attn, block_tables, seq_lens, starts,
+                                      prefix_row, S ? prefix_out : NULL, S ? prefix_lse : NULL, M, H, Hkv, D,
+                                      block_size, max_blocks, scale, attention_dtype, attention_threads);
         if (code || (code = linear(layer + PC_LAYER_O, attn, o, M, dtype, threads))) break;
         rms_norm(o, h, (const void *)layer[PC_LAYER_POST_NORM], x, M, hidden, eps, dtype, threads);
         if ((code = linear(layer + PC_LAYER_GATE_UP, x, up, M, dtype, threads))) break;

@@ -69,7 +69,11 @@ enum { PC_LINEAR_KIND, PC_LINEAR_PACKED, PC_LINEAR_SCALES, PC_LINEAR_N, PC_LINEA
 enum { PC_LAYER_INPUT_NORM, PC_LAYER_POST_NORM, PC_LAYER_K_CACHE, PC_LAYER_V_CACHE, PC_LAYER_QKV,
        PC_LAYER_O = PC_LAYER_QKV + PC_LINEAR_FIELDS, PC_LAYER_GATE_UP = PC_LAYER_O + PC_LINEAR_FIELDS,
        PC_LAYER_DOWN = PC_LAYER_GATE_UP + PC_LINEAR_FIELDS, PC_LAYER_FIELDS = PC_LAYER_DOWN + PC_LINEAR_FIELDS };
+/* A cascade: how many rows share the prefix, its tokens, the rows (int64 [S]), starts and prefix_row (int64 [M]),
+ * then from PC_CASCADE_OPERANDS on the prefix's K and V per layer (pointers, [L, 2]) */
+enum { PC_CASCADE_ROWS, PC_CASCADE_TOKENS, PC_CASCADE_ROW_IDS, PC_CASCADE_STARTS, PC_CASCADE_PREFIX_ROW,
+       PC_CASCADE_OPERANDS };
 int decoder_layers(const int64_t *layers, int L, const int64_t *shape, void *h, void *out, int M,
                    const int64_t *positions, const float *cos, const float *sin, const int64_t *slots,
                    const int64_t *block_tables, const int64_t *seq_lens, int max_blocks, float eps, float scale,
-                   int threads, int attention_threads);
+                   int threads, int attention_threads, const int64_t *cascade);

@@ -53,9 +53,11 @@ def test_stop_aborts_and_keeps_the_partial_reply(ui):
     wait_for(lambda: len(job.outputs()) >= 3, 120, "the reply to start streaming")
     job.cancel()
     wait_for(lambda: ui.llm.run_on_engine_thread(lambda e: e.get_stats().num_running) == 0, 60, "the request to be aborted")
-    wait_for(lambda: any(m["role"] == "assistant" for m in ui.store.messages(
-        "login:bob", sessions_of(ui.store, "bob")[0]["id"])), 60, "the partial reply to be stored")
-    reply = ui.store.messages("login:bob", sessions_of(ui.store, "bob")[0]["id"])[-1]
+    def last():  # a reply is stored as "streaming" while it grows, then with how it ended
+        return ui.store.messages("login:bob", sessions_of(ui.store, "bob")[0]["id"])[-1]
+    wait_for(lambda: last()["role"] == "assistant" and last()["finish_reason"] != "streaming", 60,
+             "the partial reply to be stored")
+    reply = last()
     assert reply["finish_reason"] == "abort" and 0 < reply["generated_tokens"] < 1000
     assert ui.llm.run_on_engine_thread(lambda e: e.get_stats().kv_blocks_used) == 0
 

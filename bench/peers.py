@@ -215,8 +215,8 @@ def main() -> None:
     print(f"\ncustomer-service sessions{' (the long system prompt)' if args.long_system_prompt else ''}, "
           f"{args.turns} turns, greedy, max_tokens 64, seeds {args.seed}-"
           f"{args.seed + args.rounds - 1}, {args.rounds} interleaved rounds; pagedchat on "
-          f"{'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; vLLM in {vllm_dtype}; "
-          f"llama.cpp on the same GGUF")
+          f"{'the bf16 folder' if args.ours_hf else 'its default GGUF (4-bit kept packed)'}; vLLM in {vllm_dtype}"
+          f"{'; llama.cpp on the same GGUF' if args.llama_cpp else ''}")
     print_table({s.name: s.results for s in servers}, args.concurrency)
 
 

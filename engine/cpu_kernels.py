@@ -182,6 +182,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     return out
 
 
+def rms_norm_heads(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of each head of x [T, H, D] (heads contiguous, tokens strided: a view of a qkv output; Qwen3's
+    q and k norms) -> a new contiguous [T, H, D]; rms_norm's arithmetic."""
+    out = torch.empty(x.shape, dtype=x.dtype)
+    T, H, D = x.shape
+    _lib.rms_norm_heads(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(), T, H, D, eps, _dtype_code(x),
+                        _threads)
+    return out
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """SiLU of the first half of the last dim times the second half (contiguous CPU fp32 or bf16)."""
     n = x.shape[-1] // 2

@@ -16,7 +16,7 @@ from torch import nn
 from engine import cpu_kernels
 from engine.attention import AttentionMetadata
 from engine.config import knobs
-from engine.layers import SiluAndMul
+from engine.layers import RMSNorm, SiluAndMul
 from engine.linear import Linear
 
 # csrc/kernels.h's numbers for a linear's kernel
@@ -129,20 +129,23 @@ def _linears(layer: nn.Module) -> tuple[Linear, ...]:
 
 def _layer_fields(layer: nn.Module, first: nn.Module, dtype: torch.dtype) -> list[int] | None:
     """One layer's row of the table, or None where it would leave our kernels: a layer other than
-    Llama's, q/k norms, a sliding window, a softcap, norms of another eps or dtype, another activation."""
+    Llama's, a sliding window, a softcap, norms of another kind, eps or dtype, another activation."""
     from engine.models.llama import LlamaDecoderLayer
 
     if type(layer) is not LlamaDecoderLayer:
         return None
     sa, mlp = layer.self_attn, layer.mlp
     attn, norms = sa.attn, (layer.input_layernorm, layer.post_attention_layernorm)
-    if sa.qk_norm or attn.window is not None or not attn.kernels or not attn.stores or not sa.rotary.kernels:
+    qk_norms = (sa.q_norm, sa.k_norm) if sa.qk_norm else ()
+    if attn.window is not None or not attn.kernels or not attn.stores or not sa.rotary.kernels:
+        return None
+    if sa.qk_norm != first.self_attn.qk_norm or any(type(n) is not RMSNorm for n in qk_norms):
         return None
     if sa.rotary is not first.self_attn.rotary or attn.scale != first.self_attn.attn.scale or attn.head_dim > 512:
         return None
     if attn.int8 is not None and not attn.int8_kernel(dtype):
         return None
-    if any(n.eps != first.input_layernorm.eps or n.weight.dtype != dtype or not n.kernels for n in norms):
+    if any(n.eps != first.input_layernorm.eps or n.weight.dtype != dtype or not n.kernels for n in norms + qk_norms):
         return None
     if type(mlp.act) is not SiluAndMul or not mlp.act.kernels:
         return None
@@ -151,7 +154,8 @@ def _layer_fields(layer: nn.Module, first: nn.Module, dtype: torch.dtype) -> lis
     linears = [_linear_fields(m, dtype) for m in _linears(layer)]
     if any(f is None for f in linears):
         return None
-    row = [norms[0].weight.data_ptr(), norms[1].weight.data_ptr(), attn.k_cache.data_ptr(), attn.v_cache.data_ptr()]
+    row = [n.weight.data_ptr() for n in norms] + ([n.weight.data_ptr() for n in qk_norms] or [0, 0])
+    row += [attn.k_cache.data_ptr(), attn.v_cache.data_ptr()]
     for fields in linears:
         row += fields
     return row

@@ -67,6 +67,7 @@ def build() -> tuple[ctypes.CDLL | None, str]:
         "kv_store": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 5),
         "kv_store_int8": (None, [ptr, i64] * 2 + [ptr] * 3 + [i64] + [i32] * 5),
         "rms_norm": (None, [ptr] * 4 + [i64, i32, f32, i32, i32]),
+        "rms_norm_heads": (None, [ptr, i64, ptr, ptr, i64, i32, i32, f32, i32, i32]),
         "rotary_neox": (None, [ptr] * 2 + [i64] * 2 + [ptr] * 3 + [i64] + [i32] * 4),
         "silu_and_mul": (None, [ptr] * 2 + [i64, i32, i32, i32]),
         "argmax_rows": (None, [ptr] * 2 + [i64] * 2 + [i32]),

@@ -28,6 +28,9 @@ class RMSNorm(nn.Module):
             return self.forward(residual), residual
         if fast:
             return cpu_kernels.rms_norm(x, self.weight, self.eps)  # one call instead of eight ops
+        if self.kernels and x.dim() == 3 and cpu_kernels.heads_contiguous(x) and x.dtype == self.weight.dtype \
+                and cpu_kernels.supports(x):  # each head of a view of a qkv output: the q and k norms
+            return cpu_kernels.rms_norm_heads(x, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)

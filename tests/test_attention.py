@@ -244,6 +244,34 @@ def test_rms_norm_kernel_matches_transformers_arithmetic(dtype, tol, shape, monk
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_the_q_and_k_norms_read_their_heads_inside_the_qkv_output(dtype, tol, tokens, monkeypatch):
+    """Qwen3's q/k norms over views of a qkv output (heads contiguous, tokens strided) take the C kernel,
+    each head normalised alone, the view untouched: torch's numbers within rounding."""
+    if not cpu_kernels.available():
+        pytest.skip("no C compiler")
+    from engine.layers import RMSNorm
+
+    gen = torch.Generator().manual_seed(5)
+    qkv = (torch.randn(tokens, 9 * 64 + 2 * 3 * 64, generator=gen) * 3).to(dtype)
+    q, k = qkv[:, :576].view(tokens, 9, 64), qkv[:, 576:768].view(tokens, 3, 64)
+    before = qkv.clone()
+    norm = RMSNorm(64, 1e-6).to(dtype)
+    calls, heads, rows = [], cpu_kernels.rms_norm_heads, cpu_kernels.rms_norm  # one token's view is contiguous
+    monkeypatch.setattr(cpu_kernels, "rms_norm_heads", lambda *a: calls.append(1) or heads(*a))
+    monkeypatch.setattr(cpu_kernels, "rms_norm", lambda *a: calls.append(1) or rows(*a))
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(64, generator=gen))
+        fast = [norm(q), norm(k)]
+        monkeypatch.setattr(cpu_kernels, "supports", lambda t: False)
+        ref = [norm(q), norm(k)]
+    assert len(calls) == 2 and torch.equal(qkv, before)
+    for f, r in zip(fast, ref):
+        assert f.shape == r.shape and f.is_contiguous()
+        assert ((f.double() - r.double()).abs() <= tol * r.double().abs().clamp(min=1.0)).all()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)])
 @pytest.mark.parametrize("shape", [(1, 3072), (64, 3072), (5, 3, 96)])
 def test_silu_and_mul_kernel_matches_torch(dtype, tol, shape, monkeypatch):
     """The C SiLU·mul (engine/csrc/silu_and_mul.c) against torch's ops: fp32 within rounding,

@@ -1,6 +1,6 @@
 """The decoder stack as one C call (engine/fused_layers.py, csrc/decoder.c): the same bits as the modules
-one by one, for every kind of packed linear, int8 KV, biases, drafts and prompt rows; the models and
-steps it does not serve run their modules."""
+one by one, for every kind of packed linear, int8 KV, biases, Qwen3's q/k norms, drafts, prompt rows and
+the cascade; the models and steps it does not serve run their modules."""
 import pytest
 import torch
 
@@ -56,6 +56,8 @@ CASES = [  # arch, dtype, quantization, kv cache, int8 activations
     pytest.param("llama", "bfloat16", "int4", "int8", False, marks=pytest.mark.skipif(not BF16, reason="no bf16 kernels")),
     pytest.param("qwen2", "bfloat16", "int8", "auto", True, marks=pytest.mark.skipif(not BF16, reason="no bf16 kernels")),
     pytest.param("qwen2", "float32", "int4", "int8", True, marks=pytest.mark.skipif(not F32, reason="no fp32 kernels")),
+    pytest.param("qwen3", "bfloat16", "int4", "int8", True, marks=pytest.mark.skipif(not BF16, reason="no bf16 kernels")),
+    pytest.param("qwen3", "float32", "int8", "auto", True, marks=pytest.mark.skipif(not F32, reason="no fp32 kernels")),
     pytest.param("llama", "float32", "int8", "auto", False, marks=pytest.mark.skipif(not F32, reason="no fp32 kernels")),
 ]
 
@@ -67,9 +69,15 @@ def test_the_fused_stack_computes_the_modules_bits(arch, dtype, quantization, kv
     assert llm.engine.model.model.fused is not None
     biases = [m.bias for m in llm.engine.model.modules() if isinstance(m, Linear) and m.bias is not None]
     assert bool(biases) == (arch == "qwen2")
-    with torch.no_grad():  # the checkpoint's are zeros: make them count
+    qk_norms = [n.weight for m in llm.engine.model.model.layers if m.self_attn.qk_norm
+                for n in (m.self_attn.q_norm, m.self_attn.k_norm)]
+    assert bool(qk_norms) == (arch == "qwen3")
+    with torch.no_grad():  # the checkpoint's are zeros and ones: make them count
         for b in biases:
             b.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+        gen = torch.Generator().manual_seed(1)
+        for w in qk_norms:  # each its own
+            w.normal_(1, 0.5, generator=gen)
     fused, modules, calls = fused_and_modules(llm, monkeypatch)
     assert fused == modules
     assert calls and max(calls) > 1  # batched rows went through it
@@ -122,10 +130,9 @@ def test_cascade_steps(kv, tmp_path, tokenizer_dir, monkeypatch):
     assert min(calls) <= -4  # steps of at least four sharing rows went through it with their cascade
 
 
-@pytest.mark.parametrize("arch,quantization", [("qwen3", "int4"), ("mistral-window", "int4"), ("gemma2", "int4"),
-                                                ("llama", "none")])
+@pytest.mark.parametrize("arch,quantization", [("mistral-window", "int4"), ("gemma3", "int4"), ("llama", "none")])
 def test_models_it_does_not_serve_run_their_modules(arch, quantization, tiny_model):
-    """q/k norms, a sliding window, Gemma's layers, dense weights: no fused stack, and replies as ever."""
+    """A sliding window, Gemma's layers, dense weights: no fused stack, and replies as ever."""
     llm = LLM(tiny_model(arch)[0], quantization=quantization, num_kv_blocks=64)
     assert getattr(llm.engine.model.model, "fused", None) is None
     assert len(llm.generate(["hello there"], SamplingParams(temperature=0, max_tokens=4))[0].outputs[0].token_ids) == 4

@@ -4,14 +4,15 @@
  * the same bits either way; what goes is the Python between them: thirty layers of module calls,
  * ctypes glue and tensor views, about 4 ms a step of the default model whatever its rows.
  *
- * It serves steps whose rows are all attended one by one (decodes, drafts, short prompt chunks), where every
+ * It serves steps whose rows are all attended one by one (decodes, drafts, prompt chunks), where every
  * linear would take one of our packed kernels for all the step's rows; with a cascade (engine/cascade.py)
  * where prefix_attention serves it.
  *
- * layers [L, PC_LAYER_FIELDS] int64 (kernels.h): per layer the two norms' weights, the K and V pools, and
- * the qkv, o, gate_up and down linears (PC_LINEAR_FIELDS each). shape: hidden, H, Hkv, D, dtype (0 fp32,
- * 1 bf16), kv_int8, block_size. h [M, hidden]: the embeddings in, the residual stream out (in place, as
- * the modules do); out [M, hidden]: the last layer's MLP output. The final norm is the caller's.
+ * layers [L, PC_LAYER_FIELDS] int64 (kernels.h): per layer the two norms' weights, the q and k norms' (Qwen3;
+ * 0: none), the K and V pools, and the qkv, o, gate_up and down linears (PC_LINEAR_FIELDS each). shape:
+ * hidden, H, Hkv, D, dtype (0 fp32, 1 bf16), kv_int8, block_size. h [M, hidden]: the embeddings in, the
+ * residual stream out (in place, as the modules do); out [M, hidden]: the last layer's MLP output. The
+ * final norm is the caller's.
  * cascade: NULL, or int64 fields (kernels.h's PC_CASCADE_*): the S rows that share a prefix of P tokens, each
  * row's first own token and row among them (paged_decode_attention's starts and prefix_row), and per layer
  * the prefix's K and V laid out for prefix_attention.
@@ -76,17 +77,18 @@ int decoder_layers(const int64_t *layers, int L, const int64_t *shape, void *h, 
     const int64_t x_bytes = lines((int64_t)M * hidden, size), qkv_bytes = lines(M * qkv_width, size),
                   attn_bytes = lines(M * q_width, size), up_bytes = lines((int64_t)M * 2 * inter, size),
                   act_bytes = lines((int64_t)M * inter, size);
+    const int64_t qk_bytes = layers[PC_LAYER_Q_NORM] ? lines(M * (q_width + (int64_t)Hkv * D), size) : 0;
     const int S = cascade ? (int)cascade[PC_CASCADE_ROWS] : 0;
     const int64_t *shared_rows = cascade ? (const int64_t *)cascade[PC_CASCADE_ROW_IDS] : NULL;
     const int64_t *starts = cascade ? (const int64_t *)cascade[PC_CASCADE_STARTS] : NULL;
     const int64_t *prefix_row = cascade ? (const int64_t *)cascade[PC_CASCADE_PREFIX_ROW] : NULL;
     const int64_t *operands = cascade ? cascade + PC_CASCADE_OPERANDS : NULL;
     const int64_t shared_q_bytes = lines((int64_t)S * q_width, size), prefix_bytes = lines((int64_t)S * q_width, 4);
-    char *work = aligned_alloc(64, x_bytes + qkv_bytes + attn_bytes + x_bytes + up_bytes + act_bytes + shared_q_bytes +
-                                       prefix_bytes + lines((int64_t)S * H, 4));
+    char *work = aligned_alloc(64, x_bytes + qkv_bytes + attn_bytes + x_bytes + up_bytes + act_bytes + qk_bytes +
+                                       shared_q_bytes + prefix_bytes + lines((int64_t)S * H, 4));
     if (!work) return PC_NO_MEMORY;
     char *x = work, *qkv = x + x_bytes, *attn = qkv + qkv_bytes, *o = attn + attn_bytes, *up = o + x_bytes;
-    char *act = up + up_bytes, *shared_q = act + act_bytes;
+    char *act = up + up_bytes, *normed = act + act_bytes, *shared_q = normed + qk_bytes;
     float *prefix_out = (float *)(shared_q + shared_q_bytes);
     float *prefix_lse = (float *)((char *)prefix_out + prefix_bytes);
     int code = PC_OK;
@@ -97,21 +99,28 @@ int decoder_layers(const int64_t *layers, int L, const int64_t *shape, void *h, 
         rms_norm(l ? out : h, l ? h : NULL, (const void *)layer[PC_LAYER_INPUT_NORM], x, M, hidden, eps, dtype,
                  threads);
         if ((code = linear(layer + PC_LAYER_QKV, x, qkv, M, dtype, threads))) break;
-        char *k = qkv + q_width * size, *v = k + (int64_t)Hkv * D * size;
-        rotary_neox(qkv, k, qkv_width, qkv_width, cos, sin, positions, M, H, Hkv, D, dtype);
+        char *q = qkv, *k = qkv + q_width * size, *v = k + (int64_t)Hkv * D * size;
+        int64_t q_stride = qkv_width, k_stride = qkv_width;
+        if (layer[PC_LAYER_Q_NORM]) { /* as the modules' q_norm and k_norm: into rows of their own */
+            rms_norm_heads(q, q_stride, (const void *)layer[PC_LAYER_Q_NORM], normed, M, H, D, eps, dtype, threads);
+            rms_norm_heads(k, k_stride, (const void *)layer[PC_LAYER_K_NORM], normed + M * q_width * size, M, Hkv, D,
+                           eps, dtype, threads);
+            q = normed, k = normed + M * q_width * size, q_stride = q_width, k_stride = (int64_t)Hkv * D;
+        }
+        rotary_neox(q, k, q_stride, k_stride, cos, sin, positions, M, H, Hkv, D, dtype);
         if (kv_int8)
-            kv_store_int8(k, qkv_width, v, qkv_width, k_cache, v_cache, slots, M, Hkv, D, block_size, dtype, threads);
+            kv_store_int8(k, k_stride, v, qkv_width, k_cache, v_cache, slots, M, Hkv, D, block_size, dtype, threads);
         else
-            kv_store(k, qkv_width, v, qkv_width, k_cache, v_cache, slots, M, Hkv, D, block_size, dtype, threads);
+            kv_store(k, k_stride, v, qkv_width, k_cache, v_cache, slots, M, Hkv, D, block_size, dtype, threads);
         if (S) { /* the cascade's prefix side as attention.py's _cascade_prefix: the sharing rows' queries */
             for (int r = 0; r < S; r++)
-                memcpy(shared_q + r * q_width * size, qkv + shared_rows[r] * qkv_width * size, q_width * size);
+                memcpy(shared_q + r * q_width * size, q + shared_rows[r] * q_stride * size, q_width * size);
             const void *keys = (const void *)operands[2 * l], *values = (const void *)operands[2 * l + 1];
             code = prefix_attention(shared_q, q_width, keys, values, prefix_out, prefix_lse, S, H, Hkv, D,
                                     cascade[PC_CASCADE_TOKENS], scale, attention_threads);
             if (code) break;
         }
-        code = paged_decode_attention(qkv, qkv_width, k_cache, v_cache, attn, block_tables, seq_lens, starts,
+        code = paged_decode_attention(q, q_stride, k_cache, v_cache, attn, block_tables, seq_lens, starts,
                                       prefix_row, S ? prefix_out : NULL, S ? prefix_lse : NULL, M, H, Hkv, D,
                                       block_size, max_blocks, scale, attention_dtype, attention_threads);
         if (code || (code = linear(layer + PC_LAYER_O, attn, o, M, dtype, threads))) break;

@@ -25,6 +25,8 @@ int prefix_attention(const void *q, int64_t q_stride, const void *kt, const void
                      int S, int H, int Hkv, int D, int64_t P, float scale, int threads);
 void rms_norm(const void *x, void *residual, const void *weight, void *out, int64_t rows, int n, float eps,
               int dtype, int threads);
+void rms_norm_heads(const void *x, int64_t x_stride, const void *weight, void *out, int64_t tokens, int heads, int n,
+                    float eps, int dtype, int threads);
 void silu_and_mul(const void *x, void *out, int64_t rows, int n, int dtype, int threads);
 void rotary_neox(void *q, void *k, int64_t q_stride, int64_t k_stride, const float *cos, const float *sin,
                  const int64_t *positions, int64_t T, int Hq, int Hk, int D, int dtype);
@@ -60,14 +62,15 @@ int int8_matmul_f32_i8(const void *x, const void *packed, const void *scales, vo
                        int threads);
 
 /* decoder_layers (decoder.c): a Llama-family decoder stack in one call; engine/fused_layers.py mirrors these
- * field numbers. A linear: its kernel (PC_INT4...), packed weight, scales, N, K, group, amx_from, tiles_from, bias
+ * field numbers. A layer: its norms' weights (the q and k norms 0 where it has none), its K and V pools, its
+ * linears. A linear: its kernel (PC_INT4...), packed weight, scales, N, K, group, amx_from, tiles_from, bias
  * (0: none; else [N] in the rows' dtype). */
 enum { PC_INT4, PC_INT4_I8, PC_INT4_F32, PC_INT4_F32_I8, PC_INT5_I8, PC_INT8, PC_INT8_I8, PC_INT8_F32,
        PC_INT8_F32_I8, PC_INT8G_I8 };
 enum { PC_LINEAR_KIND, PC_LINEAR_PACKED, PC_LINEAR_SCALES, PC_LINEAR_N, PC_LINEAR_K, PC_LINEAR_GROUP,
        PC_LINEAR_AMX_FROM, PC_LINEAR_TILES_FROM, PC_LINEAR_BIAS, PC_LINEAR_FIELDS };
-enum { PC_LAYER_INPUT_NORM, PC_LAYER_POST_NORM, PC_LAYER_K_CACHE, PC_LAYER_V_CACHE, PC_LAYER_QKV,
-       PC_LAYER_O = PC_LAYER_QKV + PC_LINEAR_FIELDS, PC_LAYER_GATE_UP = PC_LAYER_O + PC_LINEAR_FIELDS,
+enum { PC_LAYER_INPUT_NORM, PC_LAYER_POST_NORM, PC_LAYER_Q_NORM, PC_LAYER_K_NORM, PC_LAYER_K_CACHE, PC_LAYER_V_CACHE,
+       PC_LAYER_QKV, PC_LAYER_O = PC_LAYER_QKV + PC_LINEAR_FIELDS, PC_LAYER_GATE_UP = PC_LAYER_O + PC_LINEAR_FIELDS,
        PC_LAYER_DOWN = PC_LAYER_GATE_UP + PC_LINEAR_FIELDS, PC_LAYER_FIELDS = PC_LAYER_DOWN + PC_LINEAR_FIELDS };
 /* A cascade: how many rows share the prefix, its tokens, the rows (int64 [S]), starts and prefix_row (int64 [M]),
  * then from PC_CASCADE_OPERANDS on the prefix's K and V per layer (pointers, [L, 2]) */

@@ -8,6 +8,8 @@
  * torch's add), written back in place, and that sum is what gets normalised.
  *
  * x, residual, out [rows, n] and weight [n], contiguous; dtype: 0 = float32, 1 = bfloat16 (all share it).
+ * rms_norm_heads: each head of each token (Qwen3's q and k norms), x's tokens x_stride elements apart
+ * (the rows of a qkv output), out [tokens, heads, n] contiguous.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,8 +22,8 @@
 struct job {
     const void *x, *weight;
     void *residual, *out;
-    int64_t rows;
-    int n, dtype;
+    int64_t rows, x_stride; /* row r of x: token r / heads (x_stride elements apart), head r % heads */
+    int heads, n, dtype;
     float eps;
 };
 
@@ -32,9 +34,10 @@ static void norm_rows(void *ctx, int part, int parts) {
     const int n = j->n;
     const float eps = j->eps;
     for (int64_t r = pool_share(j->rows, part, parts), end = pool_share(j->rows, part + 1, parts); r < end; r++) {
+        const int64_t at = r / j->heads * j->x_stride + r % j->heads * n;
         float sum = 0.f;
         if (j->dtype == 0) {
-            const float *xr = (const float *)x + r * n, *w = weight;
+            const float *xr = (const float *)x + at, *w = weight;
             float *o = (float *)out + r * n;
             if (residual) {
                 float *res = (float *)residual + r * n;
@@ -47,7 +50,7 @@ static void norm_rows(void *ctx, int part, int parts) {
             const float inv = 1.f / sqrtf(sum / n + eps);
             for (int i = 0; i < n; i++) o[i] = w[i] * (xr[i] * inv);
         } else {
-            const uint16_t *xr = (const uint16_t *)x + r * n, *w = weight;
+            const uint16_t *xr = (const uint16_t *)x + at, *w = weight;
             uint16_t *o = (uint16_t *)out + r * n;
             if (residual) {
                 uint16_t *res = (uint16_t *)residual + r * n;
@@ -69,6 +72,12 @@ static void norm_rows(void *ctx, int part, int parts) {
 
 void rms_norm(const void *x, void *residual, const void *weight, void *out, int64_t rows, int n, float eps,
               int dtype, int threads) {
-    struct job j = {x, weight, residual, out, rows, n, dtype, eps};
+    struct job j = {x, weight, residual, out, rows, n, 1, n, dtype, eps};
     pool_run(rows * n >= (1 << 12) ? threads : 1, norm_rows, &j);
+}
+
+void rms_norm_heads(const void *x, int64_t x_stride, const void *weight, void *out, int64_t tokens, int heads, int n,
+                    float eps, int dtype, int threads) {
+    struct job j = {x, weight, NULL, out, tokens * heads, x_stride, heads, n, dtype, eps};
+    pool_run(tokens * heads * n >= (1 << 12) ? threads : 1, norm_rows, &j);
 }

@@ -95,11 +95,12 @@ class EngineConfig:
                                          "large prompt steps (faster long prompts, ~3x the weight memory)")
     # A row computes the same whatever shares its step (the greedy-identity invariants hold in every dtype).
     # False: where the CPU has AMX-BF16, steps of many rows take 4-bit layers through bf16 tiles from the
-    # row count measured faster at load (engine/quant/choose.py), as vLLM's dense bf16 matmuls do; a
-    # reply may then depend on what else runs beside it. Measured: docs/benchmarks.md (AMX bf16 tiles).
+    # row count measured faster at load (engine/quant/choose.py), as vLLM's dense bf16 matmuls do; and rows
+    # sharing a long prefix attend to it once for all (engine/cascade.py); a reply may then depend on what
+    # else runs beside it. Measured: docs/benchmarks.md (AMX bf16 tiles; long system prompts).
     batch_invariant: bool = setting(True, "steps of many rows may take faster kernels whose rounding differs (AMX "
-                                    "bf16 tiles for 4-bit layers): a reply may then depend on what shares "
-                                    "its steps", flag="--no-batch-invariant")
+                                    "bf16 tiles for 4-bit layers, the shared-prefix cascade): a reply may then "
+                                    "depend on what shares its steps", flag="--no-batch-invariant")
     max_waiting: int = setting(1024, "bounded waiting queue: past it, requests are refused as overloaded")
     # vLLM's: "raw_logprobs" are the model's log-softmax; "processed_logprobs" those of the distribution
     # sampled from: after penalties, logit_bias, masks and temperature (before top-k / top-p / min-p)

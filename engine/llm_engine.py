@@ -56,7 +56,8 @@ class LLMEngine:
         num_blocks = num_kv_blocks(config, block_bytes, self.device)
         self.max_model_len = fit_to_pool(self.max_model_len, config.max_model_len, num_blocks, config.block_size)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, self.dtype, self.device, config.seed,
-                                  config.logprobs_mode, config.resolved_threads(), config.kv_cache_dtype)
+                                  config.logprobs_mode, config.resolved_threads(), config.kv_cache_dtype,
+                                  cascade=not config.batch_invariant)
         windows = [layer.window for layer in self.model.attention_layers()]
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  min(windows) if windows and None not in windows else None)

@@ -48,8 +48,11 @@ ROW_PREFILL_CONTEXT = 1024
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
                  device: torch.device, seed: int, logprobs_mode: str = "raw_logprobs", threads: int = 1,
-                 kv_cache_dtype: str = "auto") -> None:
+                 kv_cache_dtype: str = "auto", cascade: bool = False) -> None:
+        """cascade: rows sharing a long prefix attend to it once for all (engine/cascade.py), whose rounding
+        differs from the per-sequence kernel's: the engine's batch_invariant off."""
         self.model = model
+        self.cascade = cascade
         self.threads = threads  # torch's and our kernels', set at each step: two engines may coexist
         self.logprobs_mode = logprobs_mode
         self.block_size = block_size
@@ -266,6 +269,7 @@ class ModelRunner:
             meta.row_block_tables, meta.row_seq_lens = table, lens
             if dev.type == "cpu":
                 meta.kernel_threads = cpu_kernels.threads() if sum(row_lens) >= PARALLEL_ATTENTION_TOKENS else 1
+            if dev.type == "cpu" and self.cascade:
                 meta.shared = find_shared_prefix(table, lens, bs, row_hashes,
                                                  shared_tokens_needed(self.dtype, self.head_dim))
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),

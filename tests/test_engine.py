@@ -161,13 +161,12 @@ def test_chat_returns_text_metrics_and_finish_reason(smol32):
 
 
 def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeypatch):
-    """32 chats sharing the system prompt decode together: the cascade attends to the prefix once for
-    all of them; the tokens equal those of per-sequence attention."""
+    """32 chats sharing the system prompt decode together: with batch_invariant off the cascade attends
+    to the prefix once for all of them (fp32: the tokens equal those of per-sequence attention); with it
+    on (the default) there is no cascade."""
     from engine import attention, cascade
 
     batch = prompts * 2
-    monkeypatch.setattr(cascade, "MIN_SHARING_ROWS", 10**9)
-    per_sequence = tokens(smol32.generate(batch, GREEDY))
     monkeypatch.setattr(cascade, "MIN_SHARING_ROWS", 24)
     monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS", 0)  # the ~300-token system prompt is shared
     monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS_KERNEL", 0)
@@ -176,6 +175,9 @@ def test_the_shared_prefix_cascade_keeps_greedy_outputs(smol32, prompts, monkeyp
     operands = attention.PagedAttention.shared_operands  # the modules' cascade and the fused stack's take them
     monkeypatch.setattr(attention.PagedAttention, "shared_operands",
                         lambda self, shared, dtype: calls.append(1) or operands(self, shared, dtype))
+    per_sequence = tokens(smol32.generate(batch, GREEDY))
+    assert not calls
+    monkeypatch.setattr(smol32.engine.runner, "cascade", True)  # as batch_invariant off makes it
     assert tokens(smol32.generate(batch, GREEDY)) == per_sequence
     assert calls  # the cascade did run
     smol32.engine.check_integrity()

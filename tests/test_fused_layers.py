@@ -121,7 +121,8 @@ def test_cascade_steps(kv, tmp_path, tokenizer_dir, monkeypatch):
     tok.save_pretrained(tmp_path)
     monkeypatch.setattr(cascade, "MIN_SHARING_ROWS", 4)
     monkeypatch.setattr(cascade, "MIN_SHARED_TOKENS_KERNEL", 32)
-    llm = LLM(str(tmp_path), dtype="bfloat16", quantization="int4", kv_cache_dtype=kv, num_kv_blocks=256)
+    llm = LLM(str(tmp_path), dtype="bfloat16", quantization="int4", kv_cache_dtype=kv, num_kv_blocks=256,
+              batch_invariant=False)
     system = "You are Sam of Northwind Outfitters. Refunds within thirty days with a receipt. " * 3
     prompts = [system + question for question in ("where is my order 4417?", "hello", "a b c d e f g a b c",
                                                   "can I return boots?", "what are your hours", "thanks")]

@@ -33,15 +33,16 @@ ONE_THREAD_MAX_WEIGHTS = 4 * 2**20  # a model qualifies when its largest Linear 
 # one and 35 on two).
 PARALLEL_ATTENTION_TOKENS = 2048
 # Prompt chunks are attended row by row by the decode kernel (each row a one-token sequence over its
-# own prefix; past the first chunk, 32+ rows share the cached part: the cascade) rather than by SDPA
-# with a mask. Each row then computes exactly what it would as a decode, whatever the chunking, the
-# prefix cache or the drafts beside it. In bf16 on AVX-512 BF16 at any length: a fresh prompt of the
-# default model (an AMD EPYC Zen 5, 2026-12-07, best of 3, rows against SDPA) 1250 tokens 740 against
-# 809 ms, 2500 1834 / 3242, 4000 2702 / 6302, 8000 7793 / 19029; int8 KV 4000 3381 / 7669; head_dim
-# 128 (random weights) 5000 1369 / 2282. In fp32, or where a layer's attention leaves the C kernel (a
-# softcap: the torch path gathers each row's context), up to this many tokens of context: fp32 1250
-# tokens 1048 / 1054 ms, 4000 8273 / 7341. (Earlier, one bf16 layer: 100 new rows after 300 cached
-# 0.93 ms against 1.96, 512 fresh rows 3.3 against 5.8.)
+# own prefix; with batch_invariant off, past the first chunk its rows share the cached part: the
+# cascade) rather than by SDPA with a mask. Each row then computes exactly what it would as a decode,
+# whatever the chunking, the prefix cache or the drafts beside it. In bf16 on AVX-512 BF16 at any
+# length: a fresh prompt of the default model (an AMD EPYC Zen 5, 2026-12-07, best of 3, rows with the
+# cascade against SDPA) 1250 tokens 740 against 809 ms, 2500 1834 / 3242, 4000 2702 / 6302 (3953 without
+# the cascade), 8000 7793 / 19029; int8 KV 4000 3381 / 7669; head_dim 128 (random weights) 5000 1369 /
+# 2282. In fp32, or where a layer's attention leaves the C kernel (a softcap: the torch path gathers each
+# row's context), up to this many tokens of context: fp32 1250 tokens 1048 / 1054 ms, 4000 8273 / 7341.
+# (Earlier, one bf16 layer: 100 new rows after 300 cached 0.93 ms against 1.96, 512 fresh rows 3.3
+# against 5.8.)
 ROW_PREFILL_CONTEXT = 1024
 
 
@@ -182,7 +183,8 @@ class ModelRunner:
 
     def _row_context(self, layers: list[PagedAttention]) -> float:
         """The longest context at which a prompt chunk is attended row by row (ROW_PREFILL_CONTEXT)."""
-        if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16) or not cpu_kernels.available():
+        if self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16) \
+                or not cpu_kernels.available():
             return 0
         if self.dtype == torch.bfloat16 and cpu_kernels.has("bf16_attention") and \
                 all(layer.kernel_serves(self.dtype) for layer in layers):

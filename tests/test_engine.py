@@ -257,6 +257,37 @@ def test_prompt_chunks_are_attended_row_by_row(dtype, tiny_model, monkeypatch):
     assert by_rows == past_the_limit
 
 
+def test_a_long_prompt_replies_the_same_alone_in_a_batch_and_from_the_cache():
+    """bf16 on AVX-512 BF16, the default model, a system prompt past 1024 tokens (the shop's policies): its
+    chunks are attended row by row and nothing cascades (batch_invariant), so each reply is the same token
+    for token computed alone, beside the others with drafts, and again from the prefix cache."""
+    import glob
+    import os
+
+    from engine import cpu_kernels
+
+    if not cpu_kernels.has("bf16_attention"):
+        pytest.skip("bf16 prompt rows past 1024 tokens need AVX-512 BF16")
+    docs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "knowledge", "*.md")
+    system = SYSTEM_PROMPT + "\n\n" + "".join(open(f, encoding="utf-8").read() for f in sorted(glob.glob(docs)))
+    llm = LLM(dtype="bfloat16", num_kv_blocks=1024, max_model_len=4096)
+    prompts = [llm.render_chat([{"role": "system", "content": system}, {"role": "user", "content": user_turns(i, 1)[0]}])
+               for i in range(8)]
+    assert len(prompts[0]) > 1100
+    alone = []
+    for p in prompts:
+        llm.reset_prefix_cache()
+        alone.append(llm.generate([p], GREEDY)[0].outputs[0].token_ids)
+    llm.reset_prefix_cache()
+    mp = _patched("all")
+    try:
+        assert tokens(llm.generate(prompts, GREEDY)) == alone
+    finally:
+        mp.undo()
+    out = llm.generate(prompts[:1], GREEDY)[0]
+    assert out.outputs[0].token_ids == alone[0] and out.num_cached_tokens > 1024
+
+
 def test_long_chunks_stay_with_sdpa_where_a_layer_leaves_the_kernel(tiny_model):
     """Gemma 2's softcapped attention takes the torch path, which gathers every row's whole context."""
     from engine import cpu_kernels, model_runner

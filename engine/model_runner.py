@@ -33,16 +33,11 @@ ONE_THREAD_MAX_WEIGHTS = 4 * 2**20  # a model qualifies when its largest Linear 
 # one and 35 on two).
 PARALLEL_ATTENTION_TOKENS = 2048
 # Prompt chunks are attended row by row by the decode kernel (each row a one-token sequence over its
-# own prefix; with batch_invariant off, past the first chunk its rows share the cached part: the
-# cascade) rather than by SDPA with a mask. Each row then computes exactly what it would as a decode,
-# whatever the chunking, the prefix cache or the drafts beside it. In bf16 on AVX-512 BF16 at any
-# length: a fresh prompt of the default model (an AMD EPYC Zen 5, 2026-12-07, best of 3, rows with the
-# cascade against SDPA) 1250 tokens 740 against 809 ms, 2500 1834 / 3242, 4000 2702 / 6302 (3953 without
-# the cascade), 8000 7793 / 19029; int8 KV 4000 3381 / 7669; head_dim 128 (random weights) 5000 1369 /
-# 2282. In fp32, or where a layer's attention leaves the C kernel (a softcap: the torch path gathers each
-# row's context), up to this many tokens of context: fp32 1250 tokens 1048 / 1054 ms, 4000 8273 / 7341.
-# (Earlier, one bf16 layer: 100 new rows after 300 cached 0.93 ms against 1.96, 512 fresh rows 3.3
-# against 5.8.)
+# own prefix) rather than by SDPA with a mask: each row then computes exactly what it would as a
+# decode, whatever the chunking, the prefix cache or the drafts beside it. In bf16 on AVX-512 BF16 at
+# any length (a fresh 4000-token prompt 2.3x faster on a Zen 5: docs/benchmarks.md, "Long system
+# prompts"); in fp32 (rows lost there at 4000 tokens), or where a layer's attention leaves the C kernel
+# (a softcap: the torch path gathers each row's context), up to this many tokens of context.
 ROW_PREFILL_CONTEXT = 1024
 
 
@@ -271,9 +266,9 @@ class ModelRunner:
             meta.row_block_tables, meta.row_seq_lens = table, lens
             if dev.type == "cpu":
                 meta.kernel_threads = cpu_kernels.threads() if sum(row_lens) >= PARALLEL_ATTENTION_TOKENS else 1
-            if dev.type == "cpu" and self.cascade:
-                meta.shared = find_shared_prefix(table, lens, bs, row_hashes,
-                                                 shared_tokens_needed(self.dtype, self.head_dim))
+                if self.cascade:
+                    meta.shared = find_shared_prefix(table, lens, bs, row_hashes,
+                                                     shared_tokens_needed(self.dtype, self.head_dim))
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.tensor(pos, dtype=torch.long, device=dev),
                 meta, torch.tensor(logits_rows, dtype=torch.long, device=dev), samplers)
 

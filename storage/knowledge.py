@@ -106,10 +106,13 @@ class _HTMLText(html.parser.HTMLParser):
     def __init__(self) -> None:
         super().__init__()
         self.sections, self.head, self.parts, self.in_head, self.skip = [], "", [], False, 0
+        self.link: tuple[int, str] | None = None  # an open <a href>: where its words start, its address
 
     def handle_starttag(self, tag, attrs):
         if tag in ("script", "style", "nav", "footer"):
             self.skip += 1
+        elif tag == "a" and re.match(r"(https?|mailto):", dict(attrs).get("href") or "", re.I) and not (self.in_head or self.skip):
+            self.link = (len(self.parts), dict(attrs)["href"])  # the text keeps the address: [words](address)
         elif tag in ("h1", "h2", "h3", "h4"):
             self.sections.append((self.head, "".join(self.parts)))
             self.head, self.parts, self.in_head = "", [], True
@@ -119,6 +122,10 @@ class _HTMLText(html.parser.HTMLParser):
     def handle_endtag(self, tag):
         if tag in ("script", "style", "nav", "footer"):
             self.skip = max(0, self.skip - 1)
+        elif tag == "a" and self.link:
+            (start, href), self.link = self.link, None
+            words = "".join(self.parts[start:]).strip()
+            self.parts[start:] = [f"[{words}]({href})" if words else href]
         elif tag in ("h1", "h2", "h3", "h4"):
             self.in_head = False
 
@@ -244,6 +251,13 @@ class Knowledge:
             return list(db.query("select d.name, d.chars, d.updated, count(c.id) as chunks from documents d left join "
                                  "chunks c on c.document_id = d.id where d.assistant = ? group by d.id order by d.name",
                                  [assistant]))
+
+    def texts_with_addresses(self, assistant: str) -> list[str]:
+        """The assistant's chunks that may hold a web or e-mail address (ui/links.py reads them)."""
+        with self.store._db() as db:
+            return [r["text"] for r in db.query(
+                "select text from chunks where assistant = ? and (instr(text, '://') or instr(lower(text), 'www.') "
+                "or instr(text, '@'))", [assistant])]
 
     def chunks(self, assistant: str, ids: list[int]) -> list[Chunk]:
         """These chunks of the assistant's, in this order (any that no longer exist left out)."""

@@ -76,6 +76,7 @@ class Prepared:
     system: str  # the system prompt with the knowledge chunks
     encode: object  # the grounding's encoder, or None
     grounding: object
+    hosts: frozenset[str] | None = None  # the sites the assistant vouches for (ui/links.py; the customer chat)
 
 
 class ChatService(TurnsInFlight):
@@ -83,16 +84,18 @@ class ChatService(TurnsInFlight):
 
     def __init__(self, client: EngineClient, store, limiter: UserLimiter | None = None,
                  salt_by_user: bool = False, render=display, tools_for=None, on_handoff=None,
-                 retrieve=None) -> None:
+                 retrieve=None, hosts_for=None) -> None:
         """limiter: the per-user cap shared with the API. salt_by_user: each user's turns reuse only
         their own cached prefixes (cache_salt = the user). render: stored messages -> what the
         chatbot shows (display, or customer_display). tools_for(session): the chat's tools
         (ui/actions.ChatTool); on_handoff(session_id): what the built-in handoff tool does;
-        retrieve(session, history, text): the knowledge chunks for a turn (ui/grounding.py)."""
+        retrieve(session, history, text): the knowledge chunks for a turn (ui/grounding.py).
+        hosts_for(session): the sites whose links the chat shows as links (ui/links.py)."""
         self.render = render
         self.tools_for = tools_for or (lambda session: [])
         self.on_handoff = on_handoff or (lambda session_id: None)
         self.retrieve = retrieve or (lambda session, history, text: [])
+        self.hosts_for = hosts_for or (lambda session: None)
         self.client = client
         self.store = store
         self.limiter = limiter or UserLimiter(0)
@@ -152,7 +155,8 @@ class ChatService(TurnsInFlight):
             if not prompt_ids or not same_model:  # built for another model: render again
                 prompt_ids = build_prompt(info.tokenizer, system, history[:-1], last_user["content"], model,
                                           self._limit(info, params), plan, encode).token_ids
-            return Prepared(prompt_ids, history, last_text, window, None, tools, plan, system, encode, grounding)
+            return Prepared(prompt_ids, history, last_text, window, None, tools, plan, system, encode, grounding,
+                            self.hosts_for(session))
         prompt = build_prompt(info.tokenizer, system, history, text, model, self._limit(info, params), plan, encode)
         if len(prompt.token_ids) >= info.max_model_len:
             raise Refusal("too_long", tokens=len(prompt.token_ids), limit=info.max_model_len)
@@ -161,7 +165,7 @@ class ChatService(TurnsInFlight):
         if unnamed(session, history):
             self.store.update_session(user, session_id, title=chat_title(text))
         return Prepared(prompt.token_ids, self.store.messages(user, session_id), text, history[prompt.trimmed:],
-                        stored, tools, plan, system, encode, grounding)
+                        stored, tools, plan, system, encode, grounding, self.hosts_for(session))
 
     async def _turn(self, user, session_id, text, params, tab, regenerate, client: EngineClient):
         """The turn on `client`, the engine of the chat's model (engine.fleet)."""
@@ -172,8 +176,9 @@ class ChatService(TurnsInFlight):
         prompt_ids, shown, last_text, window, stored = p.prompt_ids, p.shown, p.last_text, p.window, p.stored
         tools, plan, system, encode = p.tools, p.plan, p.system, p.encode
         model = info.name
+        render = functools.partial(self.render, hosts=p.hosts)
         if not regenerate:
-            yield self.render(shown) + [TYPING], False  # the message shows at once; the reply streams under it
+            yield render(shown) + [TYPING], False  # the message shows at once; the reply streams under it
         reply = ReplyWriter(self.store, user, session_id, prompt_ids, model)
         reply.sources = p.grounding.sources() if p.grounding else []
         salt = f"user:{user}" if self.salt_by_user else None
@@ -188,12 +193,12 @@ class ChatService(TurnsInFlight):
                     parser.feed(out.delta_text)
                     visible = parser.content if parser.in_call else out.outputs[0].text
                     await reply.save(out, "streaming", visible)
-                    yield self.render(shown) + [in_flight(visible, [], parser.in_call)], False
+                    yield render(shown + [in_flight(visible, [], parser.in_call)]), False
             if parser.calls and reply.last.outputs[0].finish_reason == "stop":
                 call, tool = parser.calls[0], next(t for t in tools if t.name == parser.calls[0].name)
                 record = {"id": call.id, "name": call.name, "arguments": call.arguments,
                           "text": reply.last.outputs[0].text}
-                yield self.render(shown) + [in_flight(parser.content, [record], True)], False
+                yield render(shown + [in_flight(parser.content, [record], True)]), False
                 result = await asyncio.to_thread(actions.run, tool, call.arguments, self.store,
                                                  lambda reason: self.on_handoff(session_id))
                 record.update(result=result.text, error=result.error)
@@ -206,7 +211,7 @@ class ChatService(TurnsInFlight):
                 async with contextlib.aclosing(answer) as stream:
                     async for out in stream:
                         await reply.save(out, "streaming")
-                        yield self.render(shown) + [in_flight(out.outputs[0].text, [record], False)], False
+                        yield render(shown + [in_flight(out.outputs[0].text, [record], False)]), False
         except (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError) as e:
             if reply.last is None:  # (a remote engine applies its own per-user cap)
                 if not regenerate:  # refused at admission: the text stays in the box, unsent
@@ -226,7 +231,7 @@ class ChatService(TurnsInFlight):
         if reason == "abort" and client.state == "draining":
             reason = "interrupted"  # ended by the server's shutdown, not by the customer
         await reply.finish(reason)
-        yield self.render(await asyncio.to_thread(self.store.messages, user, session_id)), True
+        yield render(await asyncio.to_thread(self.store.messages, user, session_id)), True
 
     @staticmethod
     def _limit(info, params: SamplingParams) -> int:

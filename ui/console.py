@@ -188,7 +188,9 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
         slug = gr.Textbox(label="Address (the chat is at /chat/<address>)", elem_id="assistant-slug")
         name = gr.Textbox(label="Name (shown to customers)", elem_id="assistant-name-field")
         prompt = gr.Textbox(label="System prompt (persona and policies; never shown to customers)", lines=8,
-                            max_lines=30, elem_id="assistant-prompt")
+                            max_lines=30, elem_id="assistant-prompt",
+                            info="Name your website here: replies link only to sites named here, in the "
+                                 "greeting, replies, tools or documents")
         greeting = gr.Textbox(label="Greeting (shown in an empty chat)", lines=2, elem_id="assistant-greeting")
         with gr.Row():
             temperature = gr.Number(None, label="Temperature (empty: the model's)", minimum=0, maximum=2,

@@ -7,6 +7,8 @@ import html
 import re
 import time
 
+from ui import links
+
 TYPING = {"role": "assistant", "content": "*typing…*"}  # shown under a sent message until the reply starts
 
 
@@ -70,8 +72,9 @@ def source_lines(sources: list[dict]) -> str:
 
 
 def in_flight(text: str, calls: list[dict], running: bool) -> dict:
-    """The reply as it is being written (or its tool runs)."""
-    return {"role": "assistant", "content": (text or "") + tool_lines(calls, running)}
+    """The reply as it is being written (or its tool runs), as a message display() and
+    customer_display() show after the stored ones: without a footer."""
+    return {"role": "assistant", "content": text or "", "tool_calls": calls, "running": running}
 
 
 def text_of(m: dict) -> str:
@@ -80,27 +83,41 @@ def text_of(m: dict) -> str:
     return html.escape(m["content"], quote=False) if m["role"] == "user" else m["content"]
 
 
-def display(messages: list[dict]) -> list[dict]:
-    """Stored messages -> gr.Chatbot's list of {"role", "content"}, with their footers."""
-    return [{"role": m["role"], "content": text_of(m) + tool_lines(m.get("tool_calls") or [])
-             + source_lines(m.get("sources") or []) + (reply_footer(m) if m["role"] == "assistant" else user_footer(m))} for m in messages]
+def display(messages: list[dict], hosts: frozenset[str] | None = None) -> list[dict]:
+    """Stored messages -> gr.Chatbot's list of {"role", "content"}, with their footers; replies as
+    the model wrote them (`hosts` is the customer chat's, ui/links.py)."""
+    def footer(m: dict) -> str:
+        if "running" in m:
+            return ""
+        return reply_footer(m) if m["role"] == "assistant" else user_footer(m)
+    return [{"role": m["role"], "content": text_of(m) + tool_lines(m.get("tool_calls") or [], m.get("running", False))
+             + source_lines(m.get("sources") or []) + footer(m)} for m in messages]
 
 
 CUT = ("abort", "interrupted", "streaming", "length")  # stopped, cut, unfinished, at max_tokens: not ended
 
 
-def customer_display(messages: list[dict]) -> list[dict]:
+def customer_display(messages: list[dict], hosts: frozenset[str] | None = None) -> list[dict]:
     """The customer chat's view: each message with its time only (and the person who wrote a reply,
     if one did); no engine figures, and nothing in words, so it reads the same in any language: a
-    reply that did not end (stopped, cut by a restart, or at its token limit) ends in an ellipsis."""
+    reply that did not end (stopped, cut by a restart, or at its token limit) ends in an ellipsis.
+    A reply's addresses are links only where `hosts` (the assistant's) or the chat vouches for them
+    (ui/links.py)."""
+    vouched = (hosts or frozenset()) | links.chat_hosts(messages)
+
     def footer(m: dict) -> str:
+        if "running" in m:
+            return ""
         person = author_name(m) if m["role"] == "assistant" else None
         return f"\n\n<sub>{stamp(m)}{f' · 👤 {person}' if person else ''}</sub>"
 
     def text(m: dict) -> str:
-        cut = m["role"] == "assistant" and m.get("finish_reason") in CUT and not m["content"].rstrip().endswith("…")
-        return text_of(m).rstrip() + " …" if cut else text_of(m)
-    return [{"role": m["role"], "content": text(m) + tool_lines(m.get("tool_calls") or [])
+        if m["role"] == "user":
+            return text_of(m)
+        shown = m["content"] if author_name(m) else links.guard(m["content"], vouched)
+        cut = m.get("finish_reason") in CUT and not shown.rstrip().endswith("…")
+        return shown.rstrip() + " …" if cut else shown
+    return [{"role": m["role"], "content": text(m) + tool_lines(m.get("tool_calls") or [], m.get("running", False))
              + source_lines(m.get("sources") or []) + footer(m)} for m in messages]
 
 

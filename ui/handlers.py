@@ -1,7 +1,7 @@
-"""What the chat page's events do: identity, sessions, chat turns (ui/turns.py), a person, feedback,
-files. One ChatHandlers object holds
-the engine client and the store; its methods are the Gradio event functions (wired in layout.py)
-and run as well against a fake EngineClient in tests.
+"""What the chat page's events do: identity, sessions, chat turns (ui/turns.py), a person
+(ui/person.py), feedback, files (ui/files.py). One ChatHandlers object holds the engine client and
+the store; its methods are the Gradio event functions (wired in layout.py) and run as well against a
+fake EngineClient in tests.
 
 Two faces (`demo`): the customer chat (demo=False), where a chat talks to the assistant its page is
 served for (/chat/<assistant>) with that assistant's prompt and sampling, neither of which is ever
@@ -19,10 +19,11 @@ from server.auth import VISITOR_COOKIE, VisitorCookie
 from server.limits import UserLimiter
 from storage.handoff import Handoff
 from storage.knowledge import Knowledge
-from ui import actions, assistants, grounding, transfer
+from ui import actions, assistants, grounding, links
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import ChatService, chat_title, unnamed
 from ui.display import customer_display, display, feedback_values
+from ui.files import FileHandlers
 from ui.i18n import say
 from ui.person import PersonHandlers
 from ui.turns import MODEL_WAIT_S, TurnHandlers
@@ -30,7 +31,7 @@ from ui.turns import MODEL_WAIT_S, TurnHandlers
 DEMO_HINT = "Ask the support assistant anything."
 
 
-class ChatHandlers(TurnHandlers, PersonHandlers):
+class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
     def __init__(self, client: EngineClient, store, visitors: VisitorCookie | None = None,
                  limiter: UserLimiter | None = None, salt_by_user: bool = False, demo: bool = True,
                  fleet: ModelFleet | None = None) -> None:
@@ -46,18 +47,32 @@ class ChatHandlers(TurnHandlers, PersonHandlers):
         self.handoff = Handoff(store)
         self.knowledge = Knowledge(store)
         self.service = ChatService(client, store, limiter, salt_by_user, self.display, self.tools_of, self.handoff.ask,
-                                   self.chunks_for)
+                                   self.chunks_for, self.hosts_of)
         assistants.ensure_default(store)
 
+    def version_of(self, session: dict) -> dict | None:
+        """The assistant version a chat started with."""
+        return self.store.assistant(session.get("assistant") or assistants.DEFAULT_SLUG, session.get("assistant_version"))
+
     def tools_of(self, session: dict) -> list:
-        """The tools of the assistant version a chat started with."""
-        a = self.store.assistant(session.get("assistant") or assistants.DEFAULT_SLUG, session.get("assistant_version"))
+        a = self.version_of(session)
         return actions.chat_tools(a["tools"]) if a else []
 
     def chunks_for(self, session: dict, history: list[dict], text: str) -> list:
         """The knowledge chunks of a chat's assistant for this turn (ui/grounding.py)."""
-        a = self.store.assistant(session.get("assistant") or assistants.DEFAULT_SLUG, session.get("assistant_version"))
+        a = self.version_of(session)
         return grounding.retrieve(self.knowledge, a, history, text) if a else []
+
+    def hosts_of(self, session: dict | None) -> frozenset[str] | None:
+        """The sites the customer chat links to (ui/links.py); None on the demo page (replies as written)."""
+        if self.demo:
+            return None
+        a = self.version_of(session) if session else None
+        return links.assistant_hosts(a, self.knowledge.texts_with_addresses(a["assistant"])) if a else frozenset()
+
+    def shown(self, uid: str, sid: str) -> list[dict]:
+        """A chat's stored messages as its chatbot shows them (it reads the database: worker threads)."""
+        return self.display(self.store.messages(uid, sid), self.hosts_of(self.store.session(uid, sid)))
 
     # ---- identity -----------------------------------------------------------------------
     def who(self, known: str | None, request: gr.Request) -> str:
@@ -154,7 +169,7 @@ class ChatHandlers(TurnHandlers, PersonHandlers):
         if not self._owned_here(uid, sid, request):
             return (gr.update(),) * (4 if self.demo else 3)
         s = self.store.session(uid, sid)
-        return (sid, self.display(self.store.messages(uid, sid)), *self._system(s), s["title"])
+        return (sid, self.shown(uid, sid), *self._system(s), s["title"])
 
     def new_chat(self, uid, system_text=None, request: gr.Request = None):
         uid = self.who(uid, request)
@@ -182,7 +197,7 @@ class ChatHandlers(TurnHandlers, PersonHandlers):
         """(sessions list, session, chatbot, [system prompt,] title) showing one of the user's sessions."""
         s = self.store.session(uid, sid)
         return (gr.update(choices=self.session_choices(uid, request), value=sid), sid,
-                self.display(self.store.messages(uid, sid)), *self._system(s), s["title"])
+                self.shown(uid, sid), *self._system(s), s["title"])
 
     def find(self, uid, query, request: gr.Request):
         return gr.update(choices=self.session_choices(self.who(uid, request), request, query))
@@ -254,43 +269,3 @@ class ChatHandlers(TurnHandlers, PersonHandlers):
                 self.store.set_feedback(uid, sid, message_id, rated["feedback"], text.strip()[:2000])
                 gr.Info(say(request, "thanks"))
         return "", gr.update(visible=False)
-
-    # ---- export and import --------------------------------------------------------------
-    def export(self, uid, sid, fmt: str, request: gr.Request):
-        """The chat as a file. From the customer chat without the assistant's instructions: neither the
-        system prompt nor the token ids (a user message's ids hold the whole prompt, instructions too)."""
-        uid, sid = self.current(uid, sid, request)
-        session, messages = self.store.session(uid, sid), self.store.messages(uid, sid)
-        if not self.demo:
-            session = {**session, "system_prompt": ""}
-            messages = [{**m, "token_ids": []} for m in messages]
-        name = transfer.safe_name(session["title"])
-        if fmt == "json":
-            return transfer.write_file(f"{name}.json", transfer.chat_json(session, messages))
-        return transfer.write_file(f"{name}.md", transfer.chat_markdown(session, messages))
-
-    def export_markdown(self, uid, sid, request: gr.Request):
-        return self.export(uid, sid, "md", request)
-
-    def export_json(self, uid, sid, request: gr.Request):
-        return self.export(uid, sid, "json", request)
-
-    def import_chat(self, uid, upload, request: gr.Request):
-        """A chat JSON file becomes a new session of this user's."""
-        uid = self.who(uid, request)
-        path = upload if isinstance(upload, str) else getattr(upload, "name", None) or getattr(upload, "path", None)
-        try:
-            chat = transfer.read_chat(path)
-        except (ValueError, OSError) as e:
-            gr.Warning(say(request, "import_failed", why=e))
-            return (gr.update(),) * (5 if self.demo else 4)
-        messages = chat["messages"]
-        if self.demo:
-            prompt, where = chat["system_prompt"], {}
-        else:  # a file cannot choose the instructions: no prompt, and no token ids that could carry one
-            a = self.assistant(request)
-            prompt, where = a["system_prompt"], {"assistant": a["assistant"], "assistant_version": a["version"]}
-            messages = [{**m, "token_ids": []} for m in messages]
-        sid = self.store.import_session(uid, chat["title"], prompt, messages, **where)
-        gr.Info(say(request, "imported", title=chat["title"]))
-        return self.show_session(uid, sid, request)

@@ -1,6 +1,7 @@
 """The customer chat's side of a handoff to a person: the "talk to a person" button, the status
 line (place in line, who is answering) and the poll that shows a person's replies in the open tab.
-Mixed into ChatHandlers (ui/handlers.py), whose current(), store, handoff and display it uses."""
+Mixed into ChatHandlers (ui/handlers.py), whose current(), store, handoff, display and
+hosts_of it uses."""
 from __future__ import annotations
 
 import gradio as gr
@@ -35,4 +36,5 @@ class PersonHandlers:
         messages = self.store.messages(uid, sid)
         status, timer = self.person_status(uid, sid, request)
         changed = len(messages) != seen
-        return (self.display(messages) if changed else gr.update()), status, timer, len(messages)
+        return (self.display(messages, self.hosts_of(self.store.session(uid, sid))) if changed
+                else gr.update()), status, timer, len(messages)

@@ -95,10 +95,10 @@ class TurnHandlers:
             version = await asyncio.to_thread(self._version, uid, sid)
             client = self.engine_for(version)
             if client.state == "loading":  # a fresh start: the message waits for the model, on screen
-                history = await asyncio.to_thread(self.store.messages, uid, sid)
+                history = await asyncio.to_thread(self.shown, uid, sid)
                 waiting = {"role": "assistant", "content": f"*{say(request, 'loading')}*"}
-                yield self.display(history) + [{"role": "user", "content": text_of({"role": "user", "content": text})},
-                                               waiting], gr.update()
+                yield history + [{"role": "user", "content": text_of({"role": "user", "content": text})},
+                                 waiting], gr.update()
                 await asyncio.to_thread(client.wait_ready, MODEL_WAIT_S)
             params = self._params(client, version, (temp, p, max_new, penalty))
             turn = self.service.turn(uid, sid, text, params, request.session_hash, client=client)
@@ -133,7 +133,7 @@ class TurnHandlers:
         if not uid or not sid:
             return gr.update()
         try:
-            return self.display(await asyncio.to_thread(self.store.messages, uid, sid))
+            return await asyncio.to_thread(self.shown, uid, sid)
         except StoreError:
             return gr.update()
 

@@ -9,11 +9,11 @@ import json
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from engine.errors import ParameterError
 from engine.tool_calls import ToolCall, read_reply
-from server.protocol import ChatCompletionRequest, joined_text, string_field
+from server.protocol import ChatCompletionRequest, UnicodeBody, joined_text, string_field
 
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 TEXT = {"text": "text"}  # text blocks, joined by newlines (each block is a paragraph of its own)
@@ -23,7 +23,7 @@ def message_id() -> str:
     return f"msg_{uuid.uuid4().hex[:24]}"
 
 
-class MessagesRequest(BaseModel):
+class MessagesRequest(UnicodeBody):
     """POST /v1/messages (and /v1/messages/count_tokens, which needs no max_tokens)."""
     model_config = ConfigDict(extra="allow")
     model: str | None = None

@@ -61,7 +61,7 @@ async def _validation_error(request: Request, e: RequestValidationError):
     errors = readable(e.errors())
     msg = "; ".join(f"{path or 'body'}: {text}" for path, text in errors[:5])
     return JSONResponse(shaped(request.url.path, msg or "invalid request", "invalid_request_error",
-                               errors[0][0] if errors else None), status_code=400)
+                               (errors[0][0] or None) if errors else None), status_code=400)
 
 
 UNION_BRANCH = re.compile(r"^(str|int|float|bool|none|list|dict)$|\[")  # pydantic's names for a union's branches
@@ -76,6 +76,7 @@ def readable(errors: list[dict]) -> list[tuple[str, str]]:
     for err in errors:
         path = ".".join(str(p) for p in err.get("loc", ())[1:] if not (isinstance(p, str) and UNION_BRANCH.search(p)))
         text = str(err.get("msg", "")).removeprefix("Value error, ")
+        path = path or parameter_of(err.get("ctx", {}).get("error")) or ""  # a check of the whole body names its field
         if (path, text) not in found:
             found.append((path, text))
     return [(path, text) for path, text in found
@@ -104,9 +105,11 @@ async def _dead(request: Request, e: EngineDeadError):
 
 
 async def _http_error(request: Request, e: StarletteHTTPException):
-    """404 and 405 in OpenAI's shape too."""
+    """404 and 405 in OpenAI's shape too, and FastAPI's 400 for a body it could not decode."""
     message = {404: f"No route {request.url.path}.",
                405: f"{request.method} is not allowed on {request.url.path}."}.get(e.status_code, str(e.detail))
+    if e.status_code == 400 and e.detail == "There was an error parsing the body":  # e.g. bytes that are not UTF-8
+        message = "The request body could not be read as JSON: it must be UTF-8 text."
     return JSONResponse(shaped(request.url.path, message, "invalid_request_error"), status_code=e.status_code,
                         headers=getattr(e, "headers", None))
 

@@ -88,7 +88,32 @@ class ResponseFormat(BaseModel):
         return None
 
 
-class SamplingFields(BaseModel):
+class UnicodeBody(BaseModel):
+    """A request body whose every string is Unicode text: JSON may carry a lone UTF-16 surrogate
+    ("\\ud800"), which no tokenizer can encode; refused here with where it is."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, body):
+        def check(value, where: str) -> None:
+            if isinstance(value, str):
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ParameterError("not valid Unicode text (it holds a lone UTF-16 surrogate, such as "
+                                         "\\ud800, without its pair)", where or None) from None
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    check(k, where)
+                    check(v, f"{where}.{k}" if where else str(k))
+            elif isinstance(value, list):
+                for i, v in enumerate(value):
+                    check(v, f"{where}[{i}]")
+        check(body, "")
+        return body
+
+
+class SamplingFields(UnicodeBody):
     """Fields shared by /v1/chat/completions and /v1/completions. Unknown fields are kept and checked
     against NOT_IMPLEMENTED; others (OpenAI's `metadata`, `store`, ...) are ignored."""
     model_config = ConfigDict(extra="allow")
@@ -248,7 +273,7 @@ class CompletionRequest(SamplingFields):
         return list(p)
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(UnicodeBody):
     """vLLM's /tokenize: a prompt, or messages rendered as /v1/chat/completions would render them (with
     the same template switches and tools), so the count is the one a chat request would use."""
     model: str | None = None

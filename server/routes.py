@@ -61,10 +61,11 @@ router = APIRouter()
 guarded = [Depends(check_key)]
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request):
     """200 "ok" when the engine serves; 200 "degraded" when it does but another part (the chat's
-    database) does not, with why; 503 while the engine loads or after it died."""
+    database) does not, with why; 503 while the engine loads or after it died. HEAD for uptime
+    monitors that ask with it (the status code alone)."""
     client = engine_client(request)
     problems = {part: why for part, check in request.app.state.settings.health_checks.items() if (why := check())}
     if not client.ready:

@@ -83,6 +83,12 @@ CASES = [
     (CHAT, b"[1, 2, 3]", 400, None),
     (CHAT, b"\xff\xfe\x00garbage", 400, None),
     (COMPLETIONS, b'{"prompt": "unterminated', 400, None),
+    # text that is not Unicode: a lone UTF-16 surrogate, which JSON can carry and no tokenizer encodes
+    (CHAT, {"messages": [{"role": "user", "content": "ok \ud83d\ude00 then \udc00"}]}, 400, "messages[0].content"),
+    (COMPLETIONS, completion(prompt="\ud800"), 400, "prompt"),
+    (COMPLETIONS, completion(stop=["\ud800"]), 400, "stop[0]"),
+    ("/tokenize", {"prompt": "\ud800"}, 400, "prompt"),
+    ("/v1/responses", {"input": "\ud800"}, 400, "input"),
     # the tokenizer routes
     ("/tokenize", {}, 400, "prompt"),
     ("/tokenize", {"prompt": 42}, 400, "prompt"),

@@ -213,6 +213,8 @@ def test_malformed_bodies_and_unknown_routes_answer_in_openai_shape(fake, page_b
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = http.post("/v1/chat/completions", content=b'\xff\xfe{"a"', headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = http.post("/v1/chat/completions", content=b'{"messages": "\xff"}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "must be UTF-8 text" in r.json()["error"]["message"]
     r = http.post("/v1/chat/completions", content=json.dumps({"messages": HELLO}), headers={"Content-Type": "text/plain"})
     assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]["message"]
     for method, path, status in (("GET", "/v1/nothing", 404), ("GET", "/v1/chat/completions", 405)):

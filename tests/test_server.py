@@ -191,11 +191,11 @@ def test_api_key_and_health(live):
     wrong = guarded.get("/v1/models", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
     assert guarded.get("/v1/models", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
-    assert guarded.get("/health").status_code == 200
+    assert guarded.get("/health").status_code == guarded.head("/health").status_code == 200
     assert guarded.get("/ping").json() == guarded.post("/ping").json() == {"status": "ok"}  # vLLM's, no key
     assert guarded.get("/version").json() == {"version": engine.__version__}
     loading = TestClient(create_app(AsyncLLM(EngineConfig(), load=False)))
-    assert loading.get("/health").status_code == 503
+    assert loading.get("/health").status_code == loading.head("/health").status_code == 503
     assert loading.get("/ping").status_code == loading.post("/ping").status_code == 503
     assert loading.post("/v1/chat/completions", json={"messages": QUESTION}).status_code == 503
 

@@ -150,7 +150,8 @@ def build_app(args: argparse.Namespace):
     api.state.fleet = fleet
     api.state.settings.health_checks["models"] = fleet.problems
     api.state.others = lambda: {c.info.name: c for c in fleet.others().values() if c.info is not None}
-    customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted, fleet=fleet)
+    customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted, fleet=fleet,
+                                 staffed=bool(args.agent or credentials.operators))
     app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N, **mount)
     downloads.add_route(app, store, credentials)  # before the console's mount, which would take the path
     console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials,

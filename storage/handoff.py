@@ -1,13 +1,15 @@
 """Handoff to a person, in SQLite so it survives a restart: a chat is "assistant" (the model
 answers), "waiting" (for a person; the model does not answer) or "agent" (a person holds it and
 answers). Customers ask; agents and operators take, reply and hand back. Every change is one
-guarded UPDATE, so two agents cannot both take a chat."""
+guarded UPDATE, so two agents cannot both take a chat. Who of the team is online is known by their
+console, which says so while it is open (`seen`)."""
 from __future__ import annotations
 
 import json
 import time
 
 STATES = ("assistant", "waiting", "agent")
+ONLINE_S = 120.0  # a console seen this recently is open (a background tab's timers tick about once a minute)
 
 
 class Handoff:
@@ -21,6 +23,24 @@ class Handoff:
             return db.conn.execute("update sessions set state = 'waiting', waiting_since = ?, agent = null, "
                                    "handoff_at = coalesce(handoff_at, ?) where id = ? and state = 'assistant'",
                                    [now, now, session_id]).rowcount == 1
+
+    def cancel(self, session_id: str) -> bool:
+        """The customer goes back to the assistant before a person took the chat; False if it did not wait."""
+        with self.store._db() as db:
+            return db.conn.execute("update sessions set state = 'assistant', waiting_since = null where id = ? and "
+                                   "state = 'waiting'", [session_id]).rowcount == 1
+
+    def seen(self, name: str) -> None:
+        """An agent's or operator's console is open now."""
+        with self.store._db() as db:
+            db.conn.execute("insert into presence(name, seen) values (?, ?) on conflict(name) do update set "
+                            "seen = excluded.seen", [name, time.time()])
+
+    def online(self) -> list[str]:
+        """The agents and operators whose console is open, by name."""
+        with self.store._db() as db:
+            return [r[0] for r in db.execute("select name from presence where seen > ? order by name",
+                                             [time.time() - ONLINE_S])]
 
     def take(self, session_id: str, agent: str) -> str | None:
         """The agent takes the chat (waiting, or with the assistant: an operator's takeover). None if

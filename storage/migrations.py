@@ -88,8 +88,13 @@ def m008_knowledge(db: sqlite_utils.Database) -> None:
     db["messages"].add_column("sources", str)
 
 
+def m009_presence(db: sqlite_utils.Database) -> None:
+    """When each agent or operator last had the console open (storage/handoff.py: who is online)."""
+    db["presence"].create({"name": str, "seen": float}, pk="name")
+
+
 MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff, m005_quick_replies_canned,
-              m006_analytics, m007_tools, m008_knowledge]
+              m006_analytics, m007_tools, m008_knowledge, m009_presence]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

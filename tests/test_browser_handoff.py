@@ -77,13 +77,17 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
     customer.locator("#msg textarea").click()
     customer.keyboard.type("My tent arrived torn, I want to talk to a person")
     customer.keyboard.press("Enter")
-    expect(customer.locator("#person-status")).to_contain_text("number 1 in line")
+    expect(customer.locator("#person-status")).to_contain_text("No one from our team is online")  # no console open
+    expect(customer.locator("#person-status")).to_contain_text("(number 1)")
+    expect(customer.locator("#back-to-assistant")).to_be_visible()
+    expect(customer.locator("#talk-to-person")).to_be_hidden()  # the two buttons swap while the chat waits
     expect(customer.locator("#chatbot [data-testid='bot']")).to_have_count(0)  # the model stayed quiet
     if SCREENSHOT_DIR:
         customer.screenshot(path=os.path.join(SCREENSHOT_DIR, "customer-waiting.png"))
 
     agent = logged_in(chromium, f"{shop.url}/console/", "alex", "pw-x")
     expect(agent.locator("#inbox-table")).to_contain_text("waiting for a person")
+    expect(customer.locator("#person-status")).to_contain_text("number 1 in line")  # alex's console is open now
     expect(agent.locator("#inbox-table tbody tr")).to_have_count(1)  # the page load made one chat, not two
     agent.locator("#inbox-table [role=gridcell]", has_text="login:cara").click()  # a click on its row opens the chat
     expect(agent.locator("#inbox-chat")).to_contain_text("tent arrived torn")
@@ -94,6 +98,7 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
 
     expect(customer.locator("#chatbot")).to_contain_text("return label")  # no reload: the open tab polls
     expect(customer.locator("#person-status")).to_contain_text("chatting with alex")
+    expect(customer.locator("#back-to-assistant")).to_be_hidden()  # alex has it now
     if SCREENSHOT_DIR:
         customer.screenshot(path=os.path.join(SCREENSHOT_DIR, "customer-with-agent.png"))
         agent.screenshot(path=os.path.join(SCREENSHOT_DIR, "console-inbox.png"))
@@ -133,6 +138,15 @@ def test_the_korean_page_works_end_to_end_and_switches_to_english(shop, chromium
     page.locator("#language").click()  # the switch: English, remembered
     expect(page.locator("#send")).to_have_text("Send")
     expect(page.locator("#person-status")).to_contain_text("in line")
+    page.locator("#back-to-assistant").focus()  # changed their mind, with the keyboard
+    page.keyboard.press("Enter")
+    expect(page.locator("#person-status")).to_be_hidden()
+    expect(page.locator("#back-to-assistant")).to_be_hidden()
+    expect(page.locator("#talk-to-person")).to_be_visible()
+    page.locator("#msg textarea").click()
+    page.keyboard.type("Never mind, thank you")
+    page.keyboard.press("Enter")
+    expect(page.locator("#chatbot [data-testid='bot']")).to_have_count(2)  # the assistant answers again
 
 
 def test_the_chat_works_inside_another_sites_frame_only_when_allowed(tiny_chat_model, tmp_path, chromium):
@@ -205,7 +219,7 @@ def test_a_waiting_chat_is_still_waiting_after_kill_9_and_an_agent_answers_it(ti
         customer.locator("#msg textarea").click()
         customer.keyboard.type("My stove leaks gas, I want to talk to a person")
         customer.keyboard.press("Enter")
-        expect(customer.locator("#person-status")).to_contain_text("number 1 in line")
+        expect(customer.locator("#person-status")).to_contain_text("(number 1)")
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         proc, url = start_process(argv, port=urlparse(url).port)
@@ -224,7 +238,7 @@ def test_a_waiting_chat_is_still_waiting_after_kill_9_and_an_agent_answers_it(ti
         customer.locator("input:not([type=password])").first.fill("cara")
         customer.locator("input[type=password]").fill("pw-c")
         customer.keyboard.press("Enter")
-        expect(customer.locator("#person-status")).to_contain_text("number 1 in line")
+        expect(customer.locator("#person-status")).to_contain_text("(number 1)")
         expect(customer.locator("#chatbot [data-testid='user']")).to_contain_text("stove leaks gas")
         expect(customer.locator("#chatbot [data-testid='bot']")).to_have_count(0)  # the model stayed quiet
 

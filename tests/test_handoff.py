@@ -43,8 +43,10 @@ def send(shop, who: str, text: str):
 def test_the_button_puts_the_chat_in_line_and_the_model_stays_quiet(shop):
     uid, sid = send(shop, "cara", "My tent arrived torn.")
     asked = len(shop.fake.requests)
-    status, timer = shop.chat.ask_person(uid, sid, customer("cara"))
-    assert "number 1 in line" in status["value"] and timer.active
+    status, timer, person, back = shop.chat.ask_person(uid, sid, customer("cara"))
+    assert "No one from our team is online" in status["value"] and "(number 1)" in status["value"]
+    assert timer.active and back["visible"] and not person["visible"]  # the two buttons swap while it waits
+    shop.inbox.rows(agent("alex"))  # an agent's console lists the inbox: someone is online
     uid2, sid2 = shop.chat.current(None, None, customer("dan"))
     assert "number 2 in line" in shop.chat.ask_person(uid2, sid2, customer("dan"))[0]["value"]
     send(shop, "cara", "Hello? Anyone?")
@@ -101,9 +103,10 @@ def test_an_agent_takes_replies_and_hands_back(shop):
     assert "with a person (alex)" in state
     chat, _, box = shop.inbox.reply(sid, "Sorry about the tent, I have sent a return label.", agent("alex"))
     assert box == "" and "return label" in chat[-1]["content"]
-    shown, status, timer, seen = shop.chat.poll(uid, sid, 1, customer("cara"))
+    shown, status, timer, _, back, seen = shop.chat.poll(uid, sid, 1, customer("cara"))
     assert "return label" in shown[-1]["content"] and "👤 alex" in shown[-1]["content"]
     assert "chatting with **alex**" in status["value"] and timer.active and seen == 2
+    assert not back["visible"]  # a person has the chat: no going back to the assistant until they hand it back
     assert shop.chat.poll(uid, sid, seen, customer("cara"))[0] == gr.update()  # nothing new: no re-render
     shop.chat.rate(uid, sid, SimpleNamespace(index=1, liked=True), customer("cara"))
     assert shop.store.rated_replies()[0]["conversation"][-1]["author"] == "agent:alex"  # the review names them
@@ -151,8 +154,36 @@ def test_only_agents_work_the_inbox(shop):
 def test_a_waiting_chat_is_still_waiting_after_a_restart(shop):
     uid, sid = send(shop, "cara", "talk to a person")
     restarted = ChatHandlers(shop.fake, Store(shop.path), demo=False)
-    status, timer = restarted.person_status(uid, sid, customer("cara"))
-    assert "number 1 in line" in status["value"] and timer.active
+    status, timer, _, _ = restarted.person_status(uid, sid, customer("cara"))
+    assert "(number 1)" in status["value"] and timer.active
+
+
+def test_the_customer_may_go_back_to_the_assistant_while_no_one_has_taken_the_chat(shop):
+    uid, sid = send(shop, "cara", "talk to a person")
+    asked = len(shop.fake.requests)
+    status, timer, person, back = shop.chat.back_to_assistant(uid, sid, customer("cara"))
+    assert not status["visible"] and not timer.active and not back["visible"] and person["visible"]
+    assert shop.inbox.rows(agent("alex"))[0][0][1] != "waiting for a person"
+    send(shop, "cara", "Never mind: how long do refunds take?")
+    assert len(shop.fake.requests) == asked + 1  # the assistant answers again
+    send(shop, "cara", "talk to a person")
+    shop.inbox.take(sid, agent("alex"))
+    shop.chat.back_to_assistant(uid, sid, customer("cara"))  # too late: alex has it
+    assert shop.inbox.handoff.state(sid) == {"state": "agent", "agent": "alex", "place": None}
+
+
+def test_a_deployment_without_agents_offers_no_person_and_the_assistant_answers(smol_tokenizer, tmp_path):
+    fake = FakeEngineClient(smol_tokenizer, max_model_len=1024)
+    chat = ChatHandlers(fake, Store(str(tmp_path / "chat.db")), demo=False, staffed=False)
+    uid, sid = chat.current(None, None, customer("cara"))
+    asyncio.run(drain(chat.send(uid, sid, "I want to talk to a person", request=customer("cara"))))
+    assert len(fake.requests) == 1 and chat.store.messages(uid, sid)[-1]["role"] == "assistant"
+    status, timer, person, _ = chat.ask_person(uid, sid, customer("cara"))  # a stale page's button does nothing
+    assert not status["visible"] and not timer.active and not person["visible"]
+    assert chat.handoff.state(sid)["state"] == "assistant"
+    session = chat.store.session(uid, sid)
+    assert "handoff" not in [t.name for t in chat.tools_of(session)]
+    assert "handoff" in [t.name for t in ChatHandlers(fake, chat.store, demo=False).tools_of(session)]
 
 
 def test_a_canned_shortcut_expands_in_the_box_before_it_is_sent(shop, monkeypatch):

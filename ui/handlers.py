@@ -34,15 +34,16 @@ DEMO_HINT = "Ask the support assistant anything."
 class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
     def __init__(self, client: EngineClient, store, visitors: VisitorCookie | None = None,
                  limiter: UserLimiter | None = None, salt_by_user: bool = False, demo: bool = True,
-                 fleet: ModelFleet | None = None) -> None:
+                 fleet: ModelFleet | None = None, staffed: bool = True) -> None:
         """visitors: checks the signed visitor cookie (None when everyone logs in). demo: the demo
         page's handlers (a chat's own system prompt and sliders) rather than the customer chat's.
-        fleet: the engines by model (an assistant may name its own); `client` is its main one."""
+        fleet: the engines by model (an assistant may name its own); `client` is its main one.
+        staffed: the deployment has agents or operators, so a customer may ask for a person."""
         self.client = client
         self.fleet = fleet or ModelFleet(client, {"": None})
         self.store = store
         self.visitors = visitors
-        self.demo = demo
+        self.demo, self.staffed = demo, staffed
         self.display = display if demo else customer_display
         self.handoff = Handoff(store)
         self.knowledge = Knowledge(store)
@@ -55,8 +56,9 @@ class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
         return self.store.assistant(session.get("assistant") or assistants.DEFAULT_SLUG, session.get("assistant_version"))
 
     def tools_of(self, session: dict) -> list:
+        """The chat's tools; handoff only where someone could answer."""
         a = self.version_of(session)
-        return actions.chat_tools(a["tools"]) if a else []
+        return [t for t in actions.chat_tools(a["tools"]) if self.staffed or t.name != "handoff"] if a else []
 
     def chunks_for(self, session: dict, history: list[dict], text: str) -> list:
         """The knowledge chunks of a chat's assistant for this turn (ui/grounding.py)."""

@@ -21,6 +21,7 @@ TEXT = {
         "comment": "What was good or wrong about this reply? (optional)", "send_feedback": "Send feedback",
         "message": "Type a message · Enter sends · Shift+Enter starts a new line", "send": "Send", "stop": "Stop",
         "regenerate": "Regenerate", "person": "Talk to a person", "chat": "Chat",
+        "back_to_assistant": "Back to the assistant",
     },
     "ko": {
         "chats": "대화", "new_chat": "새 대화", "search": "대화 검색", "your_chats": "내 대화", "title": "제목",
@@ -32,6 +33,7 @@ TEXT = {
         "comment": "이 답변의 좋았던 점이나 잘못된 점은? (선택)", "send_feedback": "의견 보내기",
         "message": "메시지 입력 · Enter로 보내기 · Shift+Enter로 줄 바꿈", "send": "보내기", "stop": "중지",
         "regenerate": "다시 생성", "person": "상담원 연결", "chat": "상담",
+        "back_to_assistant": "어시스턴트와 계속 대화",
     },
 }
 
@@ -40,6 +42,9 @@ SAID = {
     "en": {
         "waiting": "Waiting for a person: you are number {place} in line. They will see this whole chat; the "
                    "assistant does not answer meanwhile.",
+        "waiting_offline": "No one from our team is online right now. Your chat waits in line (number {place}) "
+                           "and a person answers here when they are back; the assistant does not answer "
+                           "meanwhile. You can go back to the assistant instead.",
         "with_agent": "You are chatting with **{agent}**, a person from our team.",
         "person_busy": "A person is looking after this chat: the assistant does not answer until they hand it back.",
         "no_edit_with_person": "A person is looking after this chat: send a new message instead of editing.",
@@ -66,6 +71,8 @@ SAID = {
         "too_many": "You already have replies being written in other chats: wait for one to finish, then send again.",
         "unavailable": "The assistant is not available right now, so your message was not sent: it is back in the "
                        "box. Please try again in a moment, or talk to a person.",
+        "unavailable_alone": "The assistant is not available right now, so your message was not sent: it is back in "
+                             "the box. Please try again in a moment.",
         "reply_cut": "The reply was cut short by a problem on our side. What was written is kept: send again to "
                      "continue.",
         "reply_cut_storage": "The reply was cut short: the chat could not be saved just now. Please try again in a "
@@ -74,6 +81,9 @@ SAID = {
     "ko": {
         "waiting": "상담원 연결 대기 중: 대기 순서 {place}번입니다. 상담원이 이 대화 전체를 보게 되며, 그동안 "
                    "어시스턴트는 답하지 않습니다.",
+        "waiting_offline": "지금은 연결 가능한 상담원이 없습니다. 대화는 대기 순서 {place}번으로 남아 있고, 상담원이 "
+                           "돌아오면 여기에서 답변드립니다. 그동안 어시스턴트는 답하지 않으며, 대신 어시스턴트와 계속 "
+                           "대화할 수도 있습니다.",
         "with_agent": "지금 상담원 **{agent}** 님과 대화 중입니다.",
         "person_busy": "상담원이 이 대화를 맡고 있습니다. 상담원이 넘겨줄 때까지 어시스턴트는 답하지 않습니다.",
         "no_edit_with_person": "상담원이 이 대화를 맡고 있습니다. 수정 대신 새 메시지를 보내 주세요.",
@@ -100,6 +110,8 @@ SAID = {
         "too_many": "다른 대화에서 답변을 쓰는 중입니다. 하나가 끝난 뒤 다시 보내 주세요.",
         "unavailable": "지금은 어시스턴트를 사용할 수 없어 메시지를 보내지 못했습니다. 입력창에 그대로 있으니 잠시 후 "
                        "다시 시도하거나 상담원 연결을 눌러 주세요.",
+        "unavailable_alone": "지금은 어시스턴트를 사용할 수 없어 메시지를 보내지 못했습니다. 입력창에 그대로 있으니 잠시 "
+                             "후 다시 시도해 주세요.",
         "reply_cut": "문제가 생겨 답변이 중간에 끊겼습니다. 쓰인 부분은 남아 있으니 다시 보내면 이어집니다.",
         "reply_cut_storage": "지금 대화를 저장할 수 없어 답변이 중간에 끊겼습니다. 잠시 후 다시 시도해 주세요.",
     },

@@ -23,6 +23,7 @@ class InboxHandlers:
     def __init__(self, store, agents: set[str]) -> None:
         """agents: the login names who may work the inbox (operators included)."""
         self.store, self.agents, self.handoff = store, agents, Handoff(store)
+        self.said: dict[str, float] = {}  # agent -> when their presence was last written (monotonic)
 
     def is_agent(self, request: gr.Request | None) -> bool:
         return getattr(request, "username", None) in self.agents
@@ -36,12 +37,20 @@ class InboxHandlers:
         """(the inbox table, the chat picker's choices) — nothing for anyone but an agent."""
         if not self.is_agent(request):
             return gr.update(), gr.update()
+        self._here(request.username)
         now, rows = time.time(), []
         for r in self.handoff.inbox():
             waiting = f"{(now - r['waiting_since']) / 60:.0f} min" if r["waiting_since"] else ""
             rows.append([r["id"], STATE_WORDS[r["state"]], r["agent"] or "", waiting, r["assistant"] or "",
                          r["user_id"], (r["last"] or "")[:80]])
         return rows, gr.update(choices=[row[0] for row in rows])
+
+    def _here(self, name: str) -> None:
+        """The agent's console is open (it lists the inbox every few seconds): said at most every 15 s."""
+        now = time.monotonic()
+        if now - self.said.get(name, -1e9) >= 15:
+            self.handoff.seen(name)
+            self.said[name] = now
 
     def open(self, sid: str | None, request: gr.Request):
         """The picked chat, whole, and where it stands."""

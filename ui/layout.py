@@ -100,9 +100,9 @@ def chats_sidebar(t=ENGLISH) -> SimpleNamespace:
     return SimpleNamespace(**locals())
 
 
-def chat_pane(demo: bool = True, t=ENGLISH) -> SimpleNamespace:
+def chat_pane(demo: bool = True, t=ENGLISH, staffed: bool = True) -> SimpleNamespace:
     """The conversation, feedback, the input and its buttons; on the demo page also a chat's system
-    prompt and sampling."""
+    prompt and sampling. staffed: the customer chat offers a person."""
     chatbot = gr.Chatbot(elem_id="chatbot", height=520, sanitize_html=True, buttons=["copy"],
                          editable="user", feedback_options=("Like", "Dislike"),
                          placeholder=DEMO_HINT, **({} if demo else {"label": t("chat")}))
@@ -120,7 +120,9 @@ def chat_pane(demo: bool = True, t=ENGLISH) -> SimpleNamespace:
         stop_btn = gr.Button(t("stop"), elem_id="stop")
         regen_btn = gr.Button(t("regenerate"), elem_id="regenerate")
     if not demo:
-        person_btn = gr.Button(t("person"), size="sm", elem_id="talk-to-person")
+        with gr.Row():
+            person_btn = gr.Button(t("person"), size="sm", elem_id="talk-to-person", visible=staffed)
+            back_btn = gr.Button(t("back_to_assistant"), size="sm", elem_id="back-to-assistant", visible=False)
         poll = gr.Timer(1.0, active=False)  # runs while a person is involved: their replies show by themselves
         seen = gr.State(0)  # messages the tab shows, so a poll re-renders only when one came
         return SimpleNamespace(**locals())

@@ -112,8 +112,9 @@ class TurnHandlers:
 
     def _for_person(self, uid: str, sid: str, text: str) -> bool:
         """The customer chat: a message asking for a person, or sent while one is involved, is stored
-        for them and the chat waits (True); else the assistant answers (False)."""
-        if self.handoff.state(sid)["state"] == "assistant" and not wants_person(text):
+        for them and the chat waits (True); else the assistant answers (False), as it always does
+        where the deployment has no one to answer (not staffed)."""
+        if not self.staffed or (self.handoff.state(sid)["state"] == "assistant" and not wants_person(text)):
             return False
         first = unnamed(self.store.session(uid, sid), self.store.messages(uid, sid))
         self.store.add_message(uid, sid, "user", text, [])
@@ -148,7 +149,7 @@ class TurnHandlers:
         elif key is None or (self.demo and key != "storage_busy"):
             gr.Warning(str(e))
         else:
-            gr.Warning(say(request, key))
+            gr.Warning(say(request, "unavailable_alone" if key == "unavailable" and not self.staffed else key))
 
     async def stop(self, uid, sid, request: gr.Request):
         """Stop: the reply ends now (its engine request aborted); the chat as stored, the reply

@@ -28,7 +28,8 @@ from server.middleware import VisitorCookieMiddleware
 from server.cli import add_server_args, credentials_from_args, limiter_from_args, serve
 from server.logs import setup_logging
 from storage import Store, StoreError
-from storage.knowledge import DocumentError, Knowledge
+from storage.documents import DocumentError
+from storage.knowledge import Knowledge
 
 log = logging.getLogger("pagedchat.app")
 

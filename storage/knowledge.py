@@ -1,37 +1,25 @@
 """An assistant's knowledge: the shop's documents, split into chunks, indexed with SQLite FTS5.
 
-Documents are Markdown, plain text, HTML or PDF (pypdf). Each is read, checked and split in memory
-first, then stored in one transaction (its old chunks out, its new ones in), so a bad file never
-leaves a document half-indexed and never touches the others. A document whose bytes did not change
-is not indexed again.
-
-Chunks follow the document's structure: a section per heading (Markdown `#`, HTML h1-h4), its
-paragraphs packed into chunks of at most CHUNK_CHARS characters (a longer paragraph is cut at
-sentence ends). The index uses FTS5's `trigram` tokenizer, so Korean and parts of words match, and
-ranks by bm25; two-character words outside ASCII (most Korean words, "반품") are matched with
+Documents are read, checked and split in memory first (storage/documents.py), then stored in one
+transaction (its old chunks out, its new ones in), so a bad file never leaves a document
+half-indexed and never touches the others. A document whose bytes did not change is not indexed
+again. The index uses FTS5's `trigram` tokenizer, so Korean and parts of words match, and ranks by
+bm25; two-character words outside ASCII (most Korean words, "반품") are matched with
 instr() instead, which no trigram index can serve (two-letter English words are stopwords)."""
 from __future__ import annotations
 
 import hashlib
-import html.parser
-import io
 import os
 import re
 import time
 from dataclasses import dataclass
 
-CHUNK_CHARS = 700  # ~150-250 tokens: a paragraph or two, a few KV blocks
-MAX_FILE_BYTES = 10 << 20
-MAX_TEXT_CHARS = 2_000_000
+from storage.documents import MAX_FILE_BYTES, DocumentError, read_document, split
+
 # Words too common to rank by (a trigram index otherwise matches "how" inside "however").
 STOPWORDS = frozenset("""the and how can you what when where why does did for are was with your have has this that
 our from will would could should please about there they them any not but get got want need just like its into
 one yes hello thanks thank take takes long much many know tell""".split())
-KINDS = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "html", ".htm": "html", ".pdf": "pdf"}
-
-
-class DocumentError(ValueError):
-    """A document that cannot be indexed; the message names the file."""
 
 
 @dataclass
@@ -47,147 +35,6 @@ class Chunk:
     def url(self) -> str:
         """The page that shows this chunk (app.py serves it)."""
         return f"/knowledge/{self.assistant}/{self.id}"
-
-
-# ---- reading and splitting ------------------------------------------------------------------------
-def read_document(name: str, data: bytes) -> list[tuple[str, str]]:
-    """A file's bytes -> its (section, text) blocks; DocumentError saying what is wrong with it."""
-    kind = KINDS.get(os.path.splitext(name)[1].lower())
-    if kind is None:
-        raise DocumentError(f"{name}: unknown kind of file; give Markdown, text, HTML or PDF "
-                            f"({', '.join(sorted(KINDS))})")
-    if len(data) > MAX_FILE_BYTES:
-        raise DocumentError(f"{name}: {len(data) >> 20} MiB is over the {MAX_FILE_BYTES >> 20} MiB limit")
-    if not data.strip():
-        raise DocumentError(f"{name}: the file is empty")
-    if kind == "pdf":
-        sections = _pdf(name, data)
-    else:
-        text = _decode(name, data)
-        sections = _html(text) if kind == "html" else _markdown(text)
-    sections = [(head, body.strip()) for head, body in sections if body.strip()]
-    total = sum(len(body) for _, body in sections)
-    if not total:
-        raise DocumentError(f"{name}: no text in it")
-    if total > MAX_TEXT_CHARS:
-        raise DocumentError(f"{name}: {total} characters of text, over the {MAX_TEXT_CHARS} limit")
-    return sections
-
-
-def _decode(name: str, data: bytes) -> str:
-    if b"\x00" in data[:8192] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        raise DocumentError(f"{name}: this is a binary file, not text (renamed?)")
-    for encoding in ("utf-8-sig", "utf-16"):
-        try:
-            if encoding == "utf-16" and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
-                continue
-            return data.decode(encoding)
-        except UnicodeDecodeError:
-            continue
-    raise DocumentError(f"{name}: not UTF-8 text (an unknown encoding); save it as UTF-8 and upload it again")
-
-
-def _markdown(text: str) -> list[tuple[str, str]]:
-    sections, head, lines = [], "", []
-    for line in text.splitlines():
-        m = re.match(r"\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$", line)
-        if m:
-            sections.append((head, "\n".join(lines)))
-            head, lines = m.group(2), []
-        else:
-            lines.append(line)
-    sections.append((head, "\n".join(lines)))
-    return sections
-
-
-class _HTMLText(html.parser.HTMLParser):
-    BLOCKS = {"p", "div", "li", "br", "tr", "section", "article", "table", "ul", "ol"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sections, self.head, self.parts, self.in_head, self.skip = [], "", [], False, 0
-        self.link: tuple[int, str] | None = None  # an open <a href>: where its words start, its address
-
-    def handle_starttag(self, tag, attrs):
-        if tag in ("script", "style", "nav", "footer"):
-            self.skip += 1
-        elif tag == "a" and re.match(r"(https?|mailto):", dict(attrs).get("href") or "", re.I) and not (self.in_head or self.skip):
-            self.link = (len(self.parts), dict(attrs)["href"])  # the text keeps the address: [words](address)
-        elif tag in ("h1", "h2", "h3", "h4"):
-            self.sections.append((self.head, "".join(self.parts)))
-            self.head, self.parts, self.in_head = "", [], True
-        elif tag in self.BLOCKS:
-            self.parts.append("\n\n")
-
-    def handle_endtag(self, tag):
-        if tag in ("script", "style", "nav", "footer"):
-            self.skip = max(0, self.skip - 1)
-        elif tag == "a" and self.link:
-            (start, href), self.link = self.link, None
-            words = "".join(self.parts[start:]).strip()
-            self.parts[start:] = [f"[{words}]({href})" if words else href]
-        elif tag in ("h1", "h2", "h3", "h4"):
-            self.in_head = False
-
-    def handle_data(self, data):
-        if self.skip:
-            return
-        if self.in_head:
-            self.head += data.strip()
-        else:
-            self.parts.append(data)
-
-
-def _html(text: str) -> list[tuple[str, str]]:
-    parser = _HTMLText()
-    parser.feed(text)
-    parser.close()
-    return parser.sections + [(parser.head, "".join(parser.parts))]
-
-
-def _pdf(name: str, data: bytes) -> list[tuple[str, str]]:
-    import pypdf
-
-    try:
-        reader = pypdf.PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise DocumentError(f"{name}: the PDF is encrypted; upload an unprotected copy")
-        return [(f"page {i}", page.extract_text() or "") for i, page in enumerate(reader.pages, 1)]
-    except DocumentError:
-        raise
-    except Exception as e:  # noqa: BLE001 - pypdf raises many kinds for a broken file; all say the same to us
-        raise DocumentError(f"{name}: not a readable PDF ({type(e).__name__}: {e})") from None
-
-
-def split(sections: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(section, text) blocks -> (section, chunk text), each chunk at most CHUNK_CHARS."""
-    chunks = []
-    for head, body in sections:
-        paragraphs = [re.sub(r"[ \t]+", " ", p).strip() for p in re.split(r"\n\s*\n", body)]
-        current = ""
-        for piece in (s for p in paragraphs if p for s in _pieces(p)):
-            if current and len(current) + 2 + len(piece) > CHUNK_CHARS:
-                chunks.append((head, current))
-                current = ""
-            current = f"{current}\n\n{piece}" if current else piece
-        if current:
-            chunks.append((head, current))
-    return chunks
-
-
-def _pieces(paragraph: str) -> list[str]:
-    if len(paragraph) <= CHUNK_CHARS:
-        return [paragraph]
-    sentences, out, current = re.split(r"(?<=[.!?。])\s+", paragraph), [], ""
-    for s in sentences:
-        while len(s) > CHUNK_CHARS:  # one sentence longer than a chunk: cut it
-            out.append(s[:CHUNK_CHARS])
-            s = s[CHUNK_CHARS:]
-        if current and len(current) + 1 + len(s) > CHUNK_CHARS:
-            out.append(current)
-            current = ""
-        current = f"{current} {s}" if current else s
-    return out + ([current] if current else [])
 
 
 # ---- the store ------------------------------------------------------------------------------

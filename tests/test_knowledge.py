@@ -4,13 +4,15 @@ the prompt layout puts each chunk on a KV block boundary, in canonical order, sp
 way on every turn; a turn stores its sources and the next turn continues token for token."""
 import asyncio
 import io
+import zipfile
 from types import SimpleNamespace
 
 import pypdf
 import pytest
 
 from storage import Store
-from storage.knowledge import CHUNK_CHARS, DocumentError, Knowledge, read_document, split
+from storage.documents import CHUNK_CHARS, DocumentError, read_document, split
+from storage.knowledge import Knowledge
 from tests.fakes import FakeEngineClient
 from tests.pdfs import pdf
 from ui.grounding import ground
@@ -47,6 +49,59 @@ def test_each_kind_is_read_by_its_structure():
     assert read_document("n.txt", "plain words\n\nmore".encode("utf-16"))[0][1].startswith("plain")
 
 
+W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" ' \
+    'xmlns:r="http://schemas.openxmlformats.org/officeDocument/2006/relationships"'
+
+
+def docx(body: str, links: dict[str, str] | None = None) -> bytes:
+    """A Word document: `body` as w:body's XML, `links` relationship id -> external address; its
+    styles as Korean Word names them (style "1" is "heading 1")."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("[Content_Types].xml", "<Types/>")
+        z.writestr("word/styles.xml", f'<w:styles {W}><w:style w:type="paragraph" w:styleId="1"><w:name '
+                   'w:val="heading 1"/></w:style><w:style w:type="paragraph" w:styleId="a"><w:name w:val="Normal"/>'
+                   '</w:style></w:styles>')
+        z.writestr("word/document.xml", f"<w:document {W}><w:body>{body}</w:body></w:document>")
+        rels = "".join(f'<Relationship Id="{i}" Type="hyperlink" Target="{t}" TargetMode="External"/>'
+                       for i, t in (links or {}).items())
+        z.writestr("word/_rels/document.xml.rels", '<Relationships xmlns="http://schemas.openxmlformats.org/'
+                   f'package/2006/relationships">{rels}</Relationships>')
+    return out.getvalue()
+
+
+def para(text: str, style: str = "") -> str:
+    pr = f'<w:pPr><w:pStyle w:val="{style}"/></w:pPr>' if style else ""
+    return f"<w:p>{pr}<w:r><w:t xml:space='preserve'>{text}</w:t></w:r></w:p>"
+
+
+POLICY_DOCX = docx(
+    para("Returns", "Heading1") + "<w:p><w:r><w:t xml:space='preserve'>Start a return on </w:t></w:r>"
+    "<w:hyperlink r:id='rId5'><w:r><w:t>our returns page</w:t></w:r></w:hyperlink><w:r><w:t>.</w:t></w:r></w:p>"
+    "<w:tbl><w:tr><w:tc>" + para("Tents") + "</w:tc><w:tc>" + para("thirty days") + "</w:tc></w:tr></w:tbl>"
+    + para("환불", "1") + para("Body text", "a") + "<w:p><w:ins><w:r><w:t>환불은 영업일 기준 5~7일 걸립니다.</w:t></w:r></w:ins></w:p>",
+    {"rId5": "https://northwind.example/returns"})
+
+
+def test_a_word_document_is_read_by_its_headings_with_its_tables_and_links(kb):
+    sections = read_document("policy.docx", POLICY_DOCX)
+    assert [h for h, _ in sections] == ["Returns", "환불"]
+    returns = sections[0][1]
+    assert "Start a return on [our returns page](https://northwind.example/returns)." in returns
+    assert "Tents" in returns and "thirty days" in returns  # a table's cells
+    assert "5~7일" in sections[1][1] and "Body text" in sections[1][1]  # a tracked insertion is text too
+    assert kb.add("support", "policy.docx", POLICY_DOCX).endswith("2 chunks")
+    assert kb.search("support", "환불")[0].section == "환불"
+
+
+def test_a_word_document_that_unpacks_too_large_is_refused(kb, monkeypatch):
+    from storage import documents
+
+    monkeypatch.setattr(documents, "MAX_XML_BYTES", 200)
+    with pytest.raises(DocumentError, match="big.docx: its text unpacks to over"):
+        kb.add("support", "big.docx", docx(para("x" * 300)))
+
+
 def test_long_sections_split_into_bounded_chunks():
     body = " ".join(f"Sentence number {i} about tents and their poles." for i in range(200))
     chunks = split([("Tents", body), ("Short", "One line.")])
@@ -70,6 +125,10 @@ def encrypted_pdf() -> bytes:
     ("empty.md", b"  \n\n", "empty"),
     ("huge.txt", b"a" * (10 << 20) + b"a", "limit"),
     ("sheet.xlsx", b"PK\x03\x04", "unknown kind"),
+    ("broken.docx", b"PK\x03\x04 not really a zip", "not a readable Word document"),
+    ("renamed.docx", pdf(["a PDF renamed"]), "not a readable Word document"),
+    ("bad-xml.docx", docx("<w:p>unclosed"), "not a readable Word document"),
+    ("no-text.docx", docx(para("")), "no text"),
 ])
 def test_a_bad_file_is_refused_naming_it_and_nothing_else_changes(kb, name, data, says):
     kb.add("support", "returns.md", RETURNS)

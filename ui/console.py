@@ -16,7 +16,8 @@ from engine.client import EngineClient
 from engine.fleet import ModelFleet
 from server.auth import Credentials
 from storage import analytics
-from storage.knowledge import KINDS, MAX_FILE_BYTES, DocumentError, Knowledge
+from storage.documents import KINDS, MAX_FILE_BYTES, DocumentError
+from storage.knowledge import Knowledge
 from ui import assistants, downloads
 from ui.grounding import DEFAULT_K
 from ui.inbox import InboxHandlers, inbox_panel, wire_inbox
@@ -220,8 +221,8 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
         save_btn = gr.Button("Save as a new version", variant="primary", elem_id="assistant-save")
         status = gr.Markdown(elem_id="assistant-status")
         versions = gr.Dataframe(headers=VERSION_COLUMNS, interactive=False, elem_id="assistant-versions")
-        gr.Markdown("**Knowledge**: documents this assistant answers from (Markdown, text, HTML, PDF; a file of the "
-                    "same name replaces the old one; each reply shows the excerpts it drew on)")
+        gr.Markdown("**Knowledge**: documents this assistant answers from (Markdown, text, HTML, PDF, Word .docx; a "
+                    "file of the same name replaces the old one; each reply shows the excerpts it drew on)")
         upload = gr.File(file_count="multiple", file_types=list(KINDS), label="Add documents",
                          elem_id="knowledge-upload")
         knowledge_status = gr.Markdown(elem_id="knowledge-status")

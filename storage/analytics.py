@@ -1,5 +1,6 @@
 """Operators' analytics from SQLite, per day and per assistant: chats, turns, handoff rate,
-thumbs-up rate, TTFT median and p95, tokens generated, the prefix cache's share of prompt tokens.
+thumbs-up rate, TTFT median and p95, tokens generated, the prefix cache's share of prompt tokens;
+and the questions no document matched (the knowledge base's gaps).
 Two grouped queries over the day range, percentiles in Python. Messages are indexed by time, which
 pays for short ranges only: on 100k messages over 90 days (bench/analytics.py, an AMD EPYC,
 2026-12-03) the 7-day table took 47 ms with it and 58 without, while the 30-day one through the index
@@ -7,8 +8,11 @@ took 218 ms against 181 scanning (90 days: 666 against 485), so ranges from INDE
 (`+m.created` keeps SQLite off the index): 30 days 157-163 ms, 90 days 348-405 ms."""
 from __future__ import annotations
 
+import re
 import statistics
 import time
+
+from storage.knowledge import STOPWORDS
 
 INDEX_DAYS = 14
 COLUMNS = ["day", "assistant", "chats", "turns", "handoff rate", "thumbs-up rate", "TTFT p50 (ms)", "TTFT p95 (ms)",
@@ -55,3 +59,42 @@ def daily(store, days: int = 30, now: float | None = None) -> list[dict]:
                      "tokens generated": g["generated"],
                      "cached share of prompt tokens": round(g["cached"] / g["prompt"], 3) if g["prompt"] else None})
     return rows
+
+
+GAP_COLUMNS = ["question", "times asked", "last asked", "assistant"]
+# Besides the search's stopwords: words of small talk, so "hi there" or "thanks a lot" is no question.
+SMALL_TALK = frozenset("hi hey bye lot okay great cool nice good morning evening afternoon sorry sure".split())
+
+
+def unanswered(store, days: int = 30, now: float | None = None, limit: int = 50) -> list[dict]:
+    """What customers asked that no document matched, for assistants that have documents: the
+    knowledge base's gaps, most asked first. Counted are customer messages the model answered
+    without a source and without a tool (an order lookup is no gap; a person's answer is not the
+    model's); the same words (case, spacing and end punctuation aside) count once with how often
+    they were asked, and small talk is left out."""
+    since = (now or time.time()) - days * 86400
+    created = "u.created" if days < INDEX_DAYS else "+u.created"
+    with store._db() as db:
+        rows = list(db.query(
+            "select u.content, u.created, s.assistant, r.sources from messages u join sessions s on s.id = u.session_id "
+            "join messages r on r.id = (select min(n.id) from messages n where n.session_id = u.session_id and "
+            "n.id > u.id and n.role = 'assistant' and n.replaced is null) "
+            f"where u.role = 'user' and u.replaced is null and {created} >= ? and r.author is null and "
+            "coalesce(r.tool_calls, '[]') = '[]' and s.assistant in (select assistant from documents)", [since]))
+    gaps: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        if r["sources"] not in (None, "", "[]"):
+            continue
+        words = [w for w in re.findall(r"\w+", r["content"].lower())
+                 if (len(w) >= 3 or not w.isascii()) and w not in STOPWORDS and w not in SMALL_TALK]
+        if not words:
+            continue
+        key = (r["assistant"], " ".join(r["content"].lower().split()).rstrip("?!.。 "))
+        gap = gaps.setdefault(key, {"question": r["content"].strip(), "times asked": 0, "last": 0.0,
+                                    "assistant": r["assistant"]})
+        gap["times asked"] += 1
+        if r["created"] >= gap["last"]:
+            gap["question"], gap["last"] = r["content"].strip(), r["created"]
+    ranked = sorted(gaps.values(), key=lambda g: (-g["times asked"], -g["last"]))[:limit]
+    return [{**{k: g[k] for k in ("question", "times asked", "assistant")},
+             "last asked": time.strftime("%Y-%m-%d %H:%M", time.localtime(g.pop("last")))} for g in ranked]

@@ -112,12 +112,14 @@ class AnalyticsHandlers:
         self.store, self.operator = store, operator
 
     def table(self, days, request: gr.Request):
-        """(table rows, the chats-and-turns plot) over the last `days` days."""
+        """(table rows, the chats-and-turns plot, the questions no document matched) over the last `days` days."""
         self.operator._check(request)
-        rows = analytics.daily(self.store, analytics.day_range(days))
+        days = analytics.day_range(days)
+        rows = analytics.daily(self.store, days)
         series = pd.DataFrame([{"day": pd.Timestamp(r["day"]), "value": r[k], "series": f"{r['assistant']} {k}"}
                                for r in rows for k in ("chats", "turns")], columns=["day", "value", "series"])
-        return [[r[c] for c in analytics.COLUMNS] for r in rows], series
+        gaps = [[g[c] for c in analytics.GAP_COLUMNS] for g in analytics.unanswered(self.store, days)]
+        return [[r[c] for c in analytics.COLUMNS] for r in rows], series, gaps
 
 
 def analytics_panel() -> SimpleNamespace:
@@ -128,6 +130,9 @@ def analytics_panel() -> SimpleNamespace:
             csv_link = gr.HTML(downloads.analytics_link(30), elem_id="analytics-csv")
         plot = gr.LinePlot(x="day", y="value", color="series", title="Chats and turns per day", height=240)
         table = gr.Dataframe(headers=analytics.COLUMNS, interactive=False, wrap=True, elem_id="analytics-table")
+        gaps = gr.Dataframe(headers=analytics.GAP_COLUMNS, interactive=False, wrap=True, elem_id="analytics-gaps",
+                            label="Questions no document matched (the model answered them from its prompt alone): "
+                                  "a document that answers them closes the gap")
     return SimpleNamespace(**locals())
 
 
@@ -172,7 +177,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         edit.remove_btn.click(editor.remove, [edit.slug, edit.remove_name], [edit.knowledge_status, edit.documents],
                               **PRIVATE)
         edit.save_btn.click(editor.save, fields, [edit.status, edit.pick, edit.versions], **PRIVATE)
-        stats.refresh_btn.click(numbers.table, [stats.days], [stats.table, stats.plot], **PRIVATE)
+        stats.refresh_btn.click(numbers.table, [stats.days], [stats.table, stats.plot, stats.gaps], **PRIVATE)
         stats.days.change(downloads.analytics_link, [stats.days], [stats.csv_link], **PRIVATE)
         theme_btn.click(None, js=THEME_TOGGLE)
         wire_live(timer, sampler, model_line, live, allowed=operator.is_operator)

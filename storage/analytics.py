@@ -1,6 +1,6 @@
 """Operators' analytics from SQLite, per day and per assistant: chats, turns, handoff rate,
 thumbs-up rate, TTFT median and p95, tokens generated, the prefix cache's share of prompt tokens;
-and the questions no document matched (the knowledge base's gaps).
+and what customers asked about that no document mentions (the knowledge base's gaps).
 Two grouped queries over the day range, percentiles in Python. Messages are indexed by time, which
 pays for short ranges only: on 100k messages over 90 days (bench/analytics.py, an AMD EPYC,
 2026-12-03) the 7-day table took 47 ms with it and 58 without, while the 30-day one through the index
@@ -12,7 +12,7 @@ import re
 import statistics
 import time
 
-from storage.knowledge import STOPWORDS
+from storage.knowledge import STOPWORDS, Knowledge
 
 INDEX_DAYS = 14
 COLUMNS = ["day", "assistant", "chats", "turns", "handoff rate", "thumbs-up rate", "TTFT p50 (ms)", "TTFT p95 (ms)",
@@ -61,40 +61,43 @@ def daily(store, days: int = 30, now: float | None = None) -> list[dict]:
     return rows
 
 
-GAP_COLUMNS = ["question", "times asked", "last asked", "assistant"]
+GAP_COLUMNS = ["question", "words no document has", "times asked", "last asked", "assistant"]
 # Besides the search's stopwords: words of small talk, so "hi there" or "thanks a lot" is no question.
 SMALL_TALK = frozenset("hi hey bye lot okay great cool nice good morning evening afternoon sorry sure".split())
+SCANNED = 2000  # the customer messages unanswered() reads, newest first
 
 
 def unanswered(store, days: int = 30, now: float | None = None, limit: int = 50) -> list[dict]:
-    """What customers asked that no document matched, for assistants that have documents: the
-    knowledge base's gaps, most asked first. Counted are customer messages the model answered
-    without a source and without a tool (an order lookup is no gap; a person's answer is not the
-    model's); the same words (case, spacing and end punctuation aside) count once with how often
-    they were asked, and small talk is left out."""
+    """What customers asked about that the documents never mention, for assistants that have
+    documents: the knowledge base's gaps, each question with its words that no document holds (as
+    the search finds words), most asked first. Read now, so a document added since closes its gaps
+    at once. Counted are the last SCANNED customer messages of the range that the model answered
+    without a tool (an order lookup is no gap; a person's answer is not the model's); the same words
+    (case, spacing and end punctuation aside) count once with how often they were asked; small talk
+    is left out."""
     since = (now or time.time()) - days * 86400
     created = "u.created" if days < INDEX_DAYS else "+u.created"
     with store._db() as db:
         rows = list(db.query(
-            "select u.content, u.created, s.assistant, r.sources from messages u join sessions s on s.id = u.session_id "
+            "select u.content, u.created, s.assistant from messages u join sessions s on s.id = u.session_id "
             "join messages r on r.id = (select min(n.id) from messages n where n.session_id = u.session_id and "
             "n.id > u.id and n.role = 'assistant' and n.replaced is null) "
             f"where u.role = 'user' and u.replaced is null and {created} >= ? and r.author is null and "
-            "coalesce(r.tool_calls, '[]') = '[]' and s.assistant in (select assistant from documents)", [since]))
+            "coalesce(r.tool_calls, '[]') = '[]' and s.assistant in (select assistant from documents) "
+            "order by u.id desc limit ?", [since, SCANNED]))
+    knowledge, known = Knowledge(store), {}
     gaps: dict[tuple[str, str], dict] = {}
-    for r in rows:
-        if r["sources"] not in (None, "", "[]"):
-            continue
-        words = [w for w in re.findall(r"\w+", r["content"].lower())
-                 if (len(w) >= 3 or not w.isascii()) and w not in STOPWORDS and w not in SMALL_TALK]
-        if not words:
-            continue
-        key = (r["assistant"], " ".join(r["content"].lower().split()).rstrip("?!.。 "))
-        gap = gaps.setdefault(key, {"question": r["content"].strip(), "times asked": 0, "last": 0.0,
-                                    "assistant": r["assistant"]})
-        gap["times asked"] += 1
-        if r["created"] >= gap["last"]:
-            gap["question"], gap["last"] = r["content"].strip(), r["created"]
-    ranked = sorted(gaps.values(), key=lambda g: (-g["times asked"], -g["last"]))[:limit]
-    return [{**{k: g[k] for k in ("question", "times asked", "assistant")},
-             "last asked": time.strftime("%Y-%m-%d %H:%M", time.localtime(g.pop("last")))} for g in ranked]
+    for r in rows:  # newest first
+        words = dict.fromkeys(w for w in re.findall(r"\w+", r["content"].lower())
+                              if (len(w) >= 3 or not w.isascii()) and w not in STOPWORDS and w not in SMALL_TALK)
+        for w in words:
+            if (r["assistant"], w) not in known:
+                known[r["assistant"], w] = knowledge.contains(r["assistant"], w)
+        missing = [w for w in words if not known[r["assistant"], w]]
+        if missing:
+            key = (r["assistant"], " ".join(r["content"].lower().split()).rstrip("?!.。 "))
+            gap = gaps.setdefault(key, {"question": r["content"].strip(), "words no document has": ", ".join(missing),
+                                        "times asked": 0, "assistant": r["assistant"],
+                                        "last asked": time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"]))})
+            gap["times asked"] += 1
+    return sorted(gaps.values(), key=lambda g: -g["times asked"])[:limit]

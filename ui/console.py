@@ -131,8 +131,9 @@ def analytics_panel() -> SimpleNamespace:
         plot = gr.LinePlot(x="day", y="value", color="series", title="Chats and turns per day", height=240)
         table = gr.Dataframe(headers=analytics.COLUMNS, interactive=False, wrap=True, elem_id="analytics-table")
         gaps = gr.Dataframe(headers=analytics.GAP_COLUMNS, interactive=False, wrap=True, elem_id="analytics-gaps",
-                            label="Questions no document matched (the model answered them from its prompt alone): "
-                                  "a document that answers them closes the gap")
+                            label=f"What customers asked about that no document mentions (of the last "
+                                  f"{analytics.SCANNED} questions in the range): a document that covers it closes the "
+                                  "gap")
     return SimpleNamespace(**locals())
 
 

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import html.parser
 import io
+import ipaddress
 import os
 import re
+import socket
+import urllib.error
+import urllib.request
 import zipfile
+from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
 CHUNK_CHARS = 700  # ~150-250 tokens: a paragraph or two, a few KV blocks
@@ -21,6 +26,13 @@ KINDS = {".md": "markdown", ".markdown": "markdown", ".txt": "text", ".html": "h
 MAX_XML_BYTES = 64 << 20  # a .docx's document.xml, unpacked: a zip bomb stops here
 WORD = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
 RELATION = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}"
+
+
+# A fetched page's kind by its Content-Type, as the extension its name takes
+MIME_KINDS = {"text/html": ".html", "application/xhtml+xml": ".html", "text/plain": ".txt", "text/markdown": ".md",
+              "application/pdf": ".pdf",
+              "application/vnd.openxmlformats-officedocument.wordprocessingml.document": ".docx"}
+FETCH_TIMEOUT_S = 15.0
 
 
 class DocumentError(ValueError):
@@ -216,3 +228,60 @@ def _pieces(paragraph: str) -> list[str]:
             current = ""
         current = f"{current} {s}" if current else s
     return out + ([current] if current else [])
+
+
+# ---- a page of the shop's site, by its address ----------------------------------------------------
+def fetch(url: str) -> tuple[str, bytes]:
+    """The document at an http(s) address -> (its name, its bytes as read_document takes them: text in
+    UTF-8), or DocumentError saying what went wrong. The name is the address without its scheme,
+    query and fragment, ending in its kind's extension (a page: .html), so fetching it again replaces
+    it. Link-local addresses (a cloud's metadata service) are refused, after a redirect too; bounded
+    by FETCH_TIMEOUT_S and MAX_FILE_BYTES."""
+    url = (url or "").strip()
+    _check_address(url)
+    request = urllib.request.Request(url, headers={"User-Agent": "pagedchat-knowledge/1"})
+    try:
+        with urllib.request.build_opener(_CheckedRedirects).open(request, timeout=FETCH_TIMEOUT_S) as r:
+            data = r.read(MAX_FILE_BYTES + 1)
+            kind, charset, final = r.headers.get_content_type(), r.headers.get_content_charset(), r.geturl()
+    except urllib.error.HTTPError as e:
+        raise DocumentError(f"{url}: the server answered {e.code} {e.reason}") from None
+    except DocumentError:
+        raise
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise DocumentError(f"{url}: could not be fetched ({getattr(e, 'reason', e)})") from None
+    ext = MIME_KINDS.get(kind)
+    if ext is None:
+        raise DocumentError(f"{url}: the address gives {kind}, not a document (HTML, text, Markdown, PDF or Word)")
+    if len(data) > MAX_FILE_BYTES:
+        raise DocumentError(f"{url}: over the {MAX_FILE_BYTES >> 20} MiB limit")
+    if charset and ext in (".html", ".txt", ".md") and charset.lower().replace("_", "-") not in ("utf-8", "utf8"):
+        try:
+            data = data.decode(charset).encode("utf-8")
+        except (LookupError, UnicodeDecodeError):
+            raise DocumentError(f"{url}: its text is not {charset}, as the server says it is") from None
+    page = urlsplit(final)
+    name = f"{page.hostname}{page.path}".rstrip("/")
+    return (name if name.lower().endswith(ext) else name + ext), data
+
+
+def _check_address(url: str) -> None:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise DocumentError(f"{url or 'the address'}: give an http:// or https:// address")
+    try:
+        addresses = {info[4][0].split("%")[0] for info in socket.getaddrinfo(parts.hostname, port or 80)}
+    except (socket.gaierror, UnicodeError) as e:
+        raise DocumentError(f"{url}: {parts.hostname} could not be found ({e})") from None
+    if any(ipaddress.ip_address(a).is_link_local for a in addresses):
+        raise DocumentError(f"{url}: {parts.hostname} is a link-local address (a cloud's metadata service): refused")
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        _check_address(newurl)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)

@@ -43,8 +43,8 @@ class Knowledge:
         self.store = store
 
     def add(self, assistant: str, name: str, data: bytes) -> str:
-        """Index one document (replacing an older one of that name); returns what happened."""
-        name = os.path.basename(name)
+        """Index one document (replacing an older one of that name: a file's name, or a fetched page's
+        address as documents.fetch names it); returns what happened."""
         digest = hashlib.sha256(data).hexdigest()
         with self.store._db() as db:
             old = list(db["documents"].rows_where("assistant = ? and name = ?", [assistant, name]))

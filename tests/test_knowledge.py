@@ -295,3 +295,66 @@ def test_exports_and_the_review_carry_the_sources(tmp_path, smol_tokenizer):
     assert "Sources: returns.md › Refunds" in open(chat.export(uid, sid, "md", tab())).read()
     chat.rate(uid, sid, SimpleNamespace(index=1, liked=False), tab())
     assert chat.store.rated_replies()[0]["conversation"][-1]["sources"][0]["document"] == "returns.md"
+
+
+@pytest.fixture(scope="module")
+def site():
+    """The shop's site on 127.0.0.1: a Latin-1 page with a link, a redirect to it, a PDF, an image,
+    a missing page, and a redirect to a cloud's metadata address."""
+    import http.server
+    import threading
+
+    pages = {"/help/returns": ("text/html; charset=iso-8859-1", "<h1>Retours</h1><p>Réglement: trente jours. See "
+                               "<a href='https://northwind.example/returns'>the form</a>.</p>".encode("latin-1")),
+             "/policy.pdf": ("application/pdf", pdf(["Warranty: two years on tents."])),
+             "/logo.png": ("image/png", b"\x89PNG\r\n\x1a\n")}
+    moves = {"/old-returns": "/help/returns", "/metadata": "http://169.254.169.254/latest/meta-data/"}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path in moves:
+                self.send_response(302)
+                self.send_header("Location", moves[self.path])
+                self.end_headers()
+                return
+            kind, body = pages.get(self.path, ("text/plain", None))
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", kind)
+            self.end_headers()
+            self.wfile.write(body or b"not here")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_page_of_the_shops_site_is_fetched_and_indexed_by_its_address(site, tmp_path, smol_tokenizer):
+    import gradio as gr
+
+    from storage.documents import fetch
+    from ui.console import AssistantEditor
+    from ui.operator import OperatorHandlers
+
+    store = Store(str(tmp_path / "c.db"))
+    ChatHandlers(FakeEngineClient(smol_tokenizer), store, demo=False)  # the default assistant
+    editor = AssistantEditor(store, OperatorHandlers(FakeEngineClient(smol_tokenizer), store, {"m": None}, None,
+                                                     {"olga"}))
+    status, table = editor.add_page("support", f"{site}/old-returns", tab("olga"))  # redirected to the page
+    assert status == "✅ 127.0.0.1/help/returns.html: indexed, 1 chunks" and table[0][0] == "127.0.0.1/help/returns.html"
+    chunk = editor.knowledge.search("support", "réglement")[0]
+    assert chunk.section == "Retours" and "[the form](https://northwind.example/returns)" in chunk.text
+    assert editor.add_page("support", f"{site}/help/returns", tab("olga"))[0].endswith("unchanged")
+    assert fetch(f"{site}/policy.pdf")[0] == "127.0.0.1/policy.pdf"
+    for address, says in ((f"{site}/logo.png", "gives image/png, not a document"), (f"{site}/gone", "answered 404"),
+                          (f"{site}/metadata", "link-local"), ("http://169.254.169.254/latest/", "link-local"),
+                          ("file:///etc/passwd", "give an http:// or https:// address"), ("", "give an http"),
+                          ("http://[::1", "give an http"), ("http://no-such-host.invalid/", "could not be found")):
+        status, _ = editor.add_page("support", address, tab("olga"))
+        assert status.startswith("❌") and says in status, (address, status)
+    assert [row[0] for row in editor.documents("support")] == ["127.0.0.1/help/returns.html"]  # nothing else changed
+    with pytest.raises(gr.Error):
+        editor.add_page("support", f"{site}/policy.pdf", tab("cara"))

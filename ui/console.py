@@ -15,7 +15,7 @@ import pandas as pd
 from engine.client import EngineClient
 from engine.fleet import ModelFleet
 from server.auth import Credentials
-from storage import analytics
+from storage import analytics, documents
 from storage.documents import KINDS, MAX_FILE_BYTES, DocumentError
 from storage.knowledge import Knowledge
 from ui import assistants, downloads
@@ -74,6 +74,17 @@ class AssistantEditor:
             except (DocumentError, OSError) as e:
                 lines.append(f"❌ {e}")
         return "\n\n".join(lines) or "Choose one or more files.", self.documents(slug)
+
+    def add_page(self, slug, url, request: gr.Request):
+        """A page of the shop's site into the assistant's knowledge, fetched now (again: updated)."""
+        self.operator._check(request)
+        if not slug or self.store.assistant(slug) is None:
+            return "❌ Save the assistant first, then add its documents.", gr.update()
+        try:
+            line = "✅ " + self.knowledge.add(slug, *documents.fetch(url))
+        except DocumentError as e:
+            line = f"❌ {e}"
+        return line, self.documents(slug)
 
     def remove(self, slug, name, request: gr.Request):
         self.operator._check(request)
@@ -175,6 +186,8 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         console.load(editor.show, [edit.pick], [*fields, edit.documents, edit.versions], **PRIVATE)
         edit.pick.input(editor.show, [edit.pick], [*fields, edit.documents, edit.versions], **PRIVATE)
         edit.upload.upload(editor.upload, [edit.slug, edit.upload], [edit.knowledge_status, edit.documents], **PRIVATE)
+        for trigger in (edit.fetch_btn.click, edit.page_url.submit):
+            trigger(editor.add_page, [edit.slug, edit.page_url], [edit.knowledge_status, edit.documents], **PRIVATE)
         edit.remove_btn.click(editor.remove, [edit.slug, edit.remove_name], [edit.knowledge_status, edit.documents],
                               **PRIVATE)
         edit.save_btn.click(editor.save, fields, [edit.status, edit.pick, edit.versions], **PRIVATE)
@@ -231,6 +244,10 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
                     "file of the same name replaces the old one; each reply shows the excerpts it drew on)")
         upload = gr.File(file_count="multiple", file_types=list(KINDS), label="Add documents",
                          elem_id="knowledge-upload")
+        with gr.Row():
+            page_url = gr.Textbox(label="Or a page of your site, by its address (fetch it again to update it)",
+                                  placeholder="https://", elem_id="knowledge-url", scale=3)
+            fetch_btn = gr.Button("Fetch and index", elem_id="knowledge-fetch", scale=1)
         knowledge_status = gr.Markdown(elem_id="knowledge-status")
         documents = gr.Dataframe(headers=["document", "chunks", "characters", "updated"], interactive=False,
                                  elem_id="knowledge-documents")

@@ -12,7 +12,7 @@ import re
 import statistics
 import time
 
-from storage.knowledge import STOPWORDS, Knowledge
+from storage.knowledge import STOPWORDS, Knowledge, stem
 
 INDEX_DAYS = 14
 COLUMNS = ["day", "assistant", "chats", "turns", "handoff rate", "thumbs-up rate", "TTFT p50 (ms)", "TTFT p95 (ms)",
@@ -92,7 +92,7 @@ def unanswered(store, days: int = 30, now: float | None = None, limit: int = 50)
                               if (len(w) >= 3 or not w.isascii()) and w not in STOPWORDS and w not in SMALL_TALK)
         for w in words:
             if (r["assistant"], w) not in known:
-                known[r["assistant"], w] = knowledge.contains(r["assistant"], w)
+                known[r["assistant"], w] = any(knowledge.contains(r["assistant"], t) for t in (w, stem(w)) if t)
         missing = [w for w in words if not known[r["assistant"], w]]
         if missing:
             key = (r["assistant"], " ".join(r["content"].lower().split()).rstrip("?!.。 "))

@@ -5,7 +5,8 @@ transaction (its old chunks out, its new ones in), so a bad file never leaves a 
 half-indexed and never touches the others. A document whose bytes did not change is not indexed
 again. The index uses FTS5's `trigram` tokenizer, so Korean and parts of words match, and ranks by
 bm25; two-character words outside ASCII (most Korean words, "반품") are matched with
-instr() instead, which no trigram index can serve (two-letter English words are stopwords)."""
+instr() instead, which no trigram index can serve (two-letter English words are stopwords), and a
+Korean word is searched without its particle or ending too (stem())."""
 from __future__ import annotations
 
 import hashlib
@@ -20,6 +21,26 @@ from storage.documents import MAX_FILE_BYTES, DocumentError, read_document, spli
 STOPWORDS = frozenset("""the and how can you what when where why does did for are was with your have has this that
 our from will would could should please about there they them any not but get got want need just like its into
 one yes hello thanks thank take takes long much many know tell""".split())
+
+
+# What follows a Korean noun (particles) or verb stem (endings), longest first: a Korean word is also
+# searched without one ("캐나다로" finds "캐나다", "환불되나요" finds "환불").
+KOREAN_SUFFIXES = ("에서는", "으로는", "되나요", "하나요", "인가요", "할까요", "될까요", "합니다", "됩니다", "습니까",
+                   "으로", "에서", "에게", "까지", "부터", "보다", "처럼", "이나", "하고", "해요", "돼요", "나요",
+                   "은", "는", "이", "가", "을", "를", "에", "의", "도", "로", "와", "과", "만")
+
+
+def stem(word: str) -> str | None:
+    """A Korean word without its particle or ending (at least two syllables left), else None."""
+    if word.isascii():
+        return None
+    return next((word[:-len(s)] for s in KOREAN_SUFFIXES if word.endswith(s) and len(word) - len(s) >= 2), None)
+
+
+def terms(text: str) -> set[str]:
+    """The words a query searches for: each as written, and a Korean one also as stem() cuts it."""
+    words = {w for w in re.findall(r"\w+", text.lower()) if w not in STOPWORDS}
+    return words | {s for w in words if (s := stem(w))}
 
 
 @dataclass
@@ -130,7 +151,7 @@ class Knowledge:
 
     def search(self, assistant: str, query: str, k: int = 3, min_score: float = 0.0) -> list[Chunk]:
         """The k chunks most relevant to `query` (bm25 over trigrams; short words by instr)."""
-        words = {w for w in re.findall(r"\w+", query.lower()) if w not in STOPWORDS}
+        words = terms(query)
         long = sorted(w for w in words if len(w) >= 3)
         short = sorted(w for w in words if len(w) == 2 and not w.isascii())  # 반품; English pairs are stopwords
         scores: dict[int, float] = {}

@@ -221,6 +221,13 @@ def test_a_turn_carries_its_sources_and_the_next_turn_continues_token_for_token(
     assert "original payment method" in smol_tokenizer.decode(first[:knowledge_end])
 
 
+def test_a_korean_word_is_found_without_its_particle_or_ending(kb):
+    kb.add("support", "배송.md", "# 해외 배송\n\n캐나다 배송은 5일 걸립니다.\n\n# 교환\n\n사이즈 교환은 무료입니다.".encode())
+    assert kb.search("support", "캐나다로 보내 주나요?")[0].section == "해외 배송"  # 캐나다로 -> 캐나다
+    assert kb.search("support", "사이즈를 교환하고 싶어요")[0].section == "교환"  # 사이즈를, 교환하고
+    assert kb.search("support", "캐나다로")[0].section == "해외 배송"
+
+
 def test_the_shipped_documents_index_cleanly(kb):
     from bench.knowledge import FOLDER
 

@@ -46,7 +46,7 @@ def test_the_button_puts_the_chat_in_line_and_the_model_stays_quiet(shop):
     status, timer, person, back = shop.chat.ask_person(uid, sid, customer("cara"))
     assert "No one from our team is online" in status["value"] and "(number 1)" in status["value"]
     assert timer.active and back["visible"] and not person["visible"]  # the two buttons swap while it waits
-    shop.inbox.rows(agent("alex"))  # an agent's console lists the inbox: someone is online
+    assert shop.inbox.rows(agent("alex"))[2] == "Online now (a console open): alex"  # an agent's console is open
     uid2, sid2 = shop.chat.current(None, None, customer("dan"))
     assert "number 2 in line" in shop.chat.ask_person(uid2, sid2, customer("dan"))[0]["value"]
     send(shop, "cara", "Hello? Anyone?")
@@ -94,7 +94,7 @@ def test_a_first_message_for_a_person_names_the_chat_as_a_model_turn_would(shop)
 def test_an_agent_takes_replies_and_hands_back(shop):
     uid, sid = send(shop, "cara", "talk to a person")
     _, only_opened = shop.chat.current(None, None, customer("olga"))  # a chat page opened, nothing said
-    rows, picker = shop.inbox.rows(agent("alex"))
+    rows, picker, _ = shop.inbox.rows(agent("alex"))
     assert rows[0][0] == sid and rows[0][1] == "waiting for a person" and sid in picker["choices"]
     assert only_opened not in picker["choices"]
     picked, _, state = shop.inbox.pick_row(SimpleNamespace(row_value=rows[0]), agent("alex"))  # a click on the row
@@ -144,7 +144,7 @@ def test_an_oversized_reply_is_refused_and_kept(shop, monkeypatch):
 
 def test_only_agents_work_the_inbox(shop):
     _, sid = send(shop, "cara", "talk to a person")
-    assert shop.inbox.rows(customer("dan")) == (gr.update(), gr.update())
+    assert shop.inbox.rows(customer("dan")) == (gr.update(), gr.update(), gr.update())
     with pytest.raises(gr.Error):
         shop.inbox.take(sid, customer("dan"))
     with pytest.raises(gr.Error):

@@ -34,16 +34,18 @@ class InboxHandlers:
         return request.username
 
     def rows(self, request: gr.Request):
-        """(the inbox table, the chat picker's choices) — nothing for anyone but an agent."""
+        """(the inbox table, the chat picker's choices, who of the team is online) — nothing for anyone
+        but an agent."""
         if not self.is_agent(request):
-            return gr.update(), gr.update()
+            return gr.update(), gr.update(), gr.update()
         self._here(request.username)
         now, rows = time.time(), []
         for r in self.handoff.inbox():
             waiting = f"{(now - r['waiting_since']) / 60:.0f} min" if r["waiting_since"] else ""
             rows.append([r["id"], STATE_WORDS[r["state"]], r["agent"] or "", waiting, r["assistant"] or "",
                          r["user_id"], (r["last"] or "")[:80]])
-        return rows, gr.update(choices=[row[0] for row in rows])
+        online = ", ".join(self.handoff.online())
+        return rows, gr.update(choices=[row[0] for row in rows]), f"Online now (a console open): {online}"
 
     def _here(self, name: str) -> None:
         """The agent's console is open (it lists the inbox every few seconds): said at most every 15 s."""
@@ -120,7 +122,9 @@ class InboxHandlers:
 
 def inbox_panel() -> SimpleNamespace:
     with gr.Accordion("Handoff inbox", open=True, elem_id="inbox"):
-        refresh_btn = gr.Button("Refresh", size="sm", elem_id="inbox-refresh")
+        with gr.Row():
+            online = gr.Markdown(elem_id="inbox-online")
+            refresh_btn = gr.Button("Refresh", size="sm", scale=0, elem_id="inbox-refresh")
         table = gr.Dataframe(headers=INBOX_COLUMNS, column_widths=INBOX_WIDTHS, interactive=False, wrap=True,
                              elem_id="inbox-table")
         pick = gr.Dropdown([], label="Chat", allow_custom_value=True, elem_id="inbox-pick")
@@ -138,7 +142,7 @@ def inbox_panel() -> SimpleNamespace:
 
 def wire_inbox(page: gr.Blocks, timer: gr.Timer, inbox: InboxHandlers, box: SimpleNamespace) -> None:
     private = dict(api_visibility="private")
-    listing = [box.table, box.pick]
+    listing = [box.table, box.pick, box.online]
     page.load(inbox.rows, None, listing, **private)
     timer.tick(inbox.rows, None, listing, show_progress="hidden", **private)
     box.refresh_btn.click(inbox.rows, None, listing, **private)

@@ -120,6 +120,12 @@ class Knowledge:
                                  "chunks c on c.document_id = d.id where d.assistant = ? group by d.id order by d.name",
                                  [assistant]))
 
+    def stamp(self, assistant: str) -> tuple:
+        """Changes whenever the assistant's documents do (one added, replaced or removed)."""
+        with self.store._db() as db:
+            return tuple(db.execute("select count(*), max(id), max(updated) from documents where assistant = ?",
+                                    [assistant]).fetchone())
+
     def texts_with_addresses(self, assistant: str) -> list[str]:
         """The assistant's chunks that may hold a web or e-mail address (ui/links.py reads them)."""
         with self.store._db() as db:

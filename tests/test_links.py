@@ -93,9 +93,11 @@ def test_knowledge_and_tool_results_vouch_and_the_demo_page_shows_replies_as_wri
     chat = ChatHandlers(FakeEngineClient(smol_tokenizer, max_model_len=4096, reply=REPLY), store, demo=False)
     chat.knowledge.add(assistants.DEFAULT_SLUG, "returns.html",
                        b'<h1>Returns</h1><p>Returns start on <a href="https://fake-returns.com/start">the form</a>.</p>')
-    _, _, shown = turn(chat, "How do I return my tent?")
+    uid, sid, shown = turn(chat, "How do I return my tent?")
     assert "https://fake-returns.com/start;" in shown[-1]["content"]  # the document's link came through the HTML
     assert "`https://northwind.example/returns`" in shown[-1]["content"]
+    chat.knowledge.remove(assistants.DEFAULT_SLUG, "returns.html")  # the document goes: so does its site
+    assert "`https://fake-returns.com/start`" in chat.show_session(uid, sid)[2][-1]["content"]
     demo = ChatHandlers(FakeEngineClient(smol_tokenizer, max_model_len=4096, reply=REPLY),
                         Store(str(tmp_path / "d.db")), demo=True)
     _, _, shown = turn(demo, "How do I return my tent?")

@@ -100,7 +100,7 @@ class _HTMLText(html.parser.HTMLParser):
         self.link: tuple[int, str] | None = None  # an open <a href>: where its words start, its address
 
     def handle_starttag(self, tag, attrs):
-        if tag in ("script", "style", "nav", "footer"):
+        if tag in ("script", "style", "nav", "footer", "title"):
             self.skip += 1
         elif tag == "a" and re.match(r"(https?|mailto):", dict(attrs).get("href") or "", re.I) and not (self.in_head or self.skip):
             self.link = (len(self.parts), dict(attrs)["href"])  # the text keeps the address: [words](address)
@@ -111,7 +111,7 @@ class _HTMLText(html.parser.HTMLParser):
             self.parts.append("\n\n")
 
     def handle_endtag(self, tag):
-        if tag in ("script", "style", "nav", "footer"):
+        if tag in ("script", "style", "nav", "footer", "title"):
             self.skip = max(0, self.skip - 1)
         elif tag == "a" and self.link:
             (start, href), self.link = self.link, None

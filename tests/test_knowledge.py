@@ -30,7 +30,7 @@ Refunds go back to the original payment method within five to seven business day
 
 반품은 배송 후 30일 이내에 가능합니다. 환불은 영업일 기준 5~7일 걸립니다.
 """.encode()
-SHIPPING = b"<html><body><nav>menu</nav><h1>Shipping</h1><p>Orders ship within two business days.</p>" \
+SHIPPING = b"<html><head><title>Shipping | Northwind</title></head><body><nav>menu</nav><h1>Shipping</h1><p>Orders ship within two business days.</p>" \
            b"<h2>Express</h2><p>Express delivery takes one to two business days and costs fifteen dollars.</p>" \
            b"<script>alert(1)</script></body></html>"
 
@@ -45,6 +45,7 @@ def test_each_kind_is_read_by_its_structure():
     assert [h for h, _ in read_document("r.md", RETURNS)] == ["Returns", "Refunds", "반품"]
     html = read_document("s.html", SHIPPING)
     assert [h for h, _ in html] == ["Shipping", "Express"] and "alert" not in str(html) and "menu" not in str(html)
+    assert "Northwind" not in str(html)  # the <title> is no text of the page
     assert "two years" in read_document("w.pdf", pdf(["Warranty: two years on tents."]))[0][1]
     assert read_document("n.txt", "plain words\n\nmore".encode("utf-16"))[0][1].startswith("plain")
 

@@ -183,11 +183,22 @@ def knowledge_page(store: Store):
         if chunk is None:
             return HTMLResponse("<p>There is no such excerpt (the document may have changed since).</p>", 404)
         title = html.escape(chunk.document + (f" › {chunk.section}" if chunk.section else ""))
-        body = "".join(f"<p>{html.escape(p)}</p>" for p in chunk.text.split("\n\n"))
+        body = "".join(f"<p>{linked(p)}</p>" for p in chunk.text.split("\n\n"))
         return HTMLResponse(f"<!doctype html><meta charset=utf-8><meta name=viewport content='width=device-width'>"
                             f"<title>{title}</title><body style='font-family:sans-serif;max-width:40em;margin:2em auto;"
                             f"padding:0 1em'><h1 style='font-size:1.2em'>{title}</h1>{body}</body>")
     return page
+
+
+def linked(text: str) -> str:
+    """An excerpt's paragraph as HTML: escaped, its documents' own links ([words](http...)) as links."""
+    import html
+    import re
+
+    parts = re.split(r"\[([^\]\n]+)\]\(((?:https?|mailto):[^)\s]+)\)", text)
+    return "".join(html.escape(part) if i % 3 == 0 else
+                   f"<a href='{html.escape(parts[i + 1], quote=True)}' rel='noopener'>{html.escape(part)}</a>"
+                   if i % 3 == 1 else "" for i, part in enumerate(parts))
 
 
 def visitor_secret(args: argparse.Namespace, store: Store) -> str:

@@ -355,6 +355,9 @@ def test_a_page_of_the_shops_site_is_fetched_and_indexed_by_its_address(site, tm
     assert status == "✅ 127.0.0.1/help/returns.html: indexed, 1 chunks" and table[0][0] == "127.0.0.1/help/returns.html"
     chunk = editor.knowledge.search("support", "réglement")[0]
     assert chunk.section == "Retours" and "[the form](https://northwind.example/returns)" in chunk.text
+    from app import knowledge_page
+    shown = knowledge_page(store)("support", chunk.id).body.decode()  # the excerpt a reply's source opens
+    assert "<a href='https://northwind.example/returns' rel='noopener'>the form</a>" in shown and "Réglement" in shown
     assert editor.add_page("support", f"{site}/help/returns", tab("olga"))[0].endswith("unchanged")
     assert fetch(f"{site}/policy.pdf")[0] == "127.0.0.1/policy.pdf"
     for address, says in ((f"{site}/logo.png", "gives image/png, not a document"), (f"{site}/gone", "answered 404"),

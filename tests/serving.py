@@ -1,6 +1,8 @@
 """A real server on 127.0.0.1 and a free port, in a thread, for the end-to-end tests."""
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import socket
 import subprocess
@@ -85,3 +87,22 @@ def start_process(argv: list[str], port: int | None = None) -> tuple[subprocess.
             return False
     wait_for(healthy, 300, f"{argv[0]} to serve")
     return proc, url
+
+
+@contextlib.contextmanager
+def local_site(answer):
+    """An HTTP server on 127.0.0.1 and a free port, in a thread, whose GETs `answer(handler)` writes
+    (a shop's site, an HTTP tool); yields its base address."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            answer(self)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()

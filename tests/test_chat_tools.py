@@ -170,28 +170,24 @@ def test_exports_carry_the_calls_with_the_turn(chat, fake):
 @pytest.fixture
 def endpoint():
     """A local HTTP tool: /slow answers after the client gave up, /garbage answers HTML, /ok answers JSON."""
-    import http.server
     import threading
+
+    from tests.serving import local_site
 
     release = threading.Event()
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path.startswith("/slow"):
-                release.wait(10)
-            body = b"<html>oops</html>" if self.path.startswith("/garbage") else b'{"status": "in transit"}'
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    release.set()
-    server.shutdown()
+    def answer(request):
+        if request.path.startswith("/slow"):
+            release.wait(10)
+        body = b"<html>oops</html>" if request.path.startswith("/garbage") else b'{"status": "in transit"}'
+        request.send_response(200)
+        request.end_headers()
+        request.wfile.write(body)
+    with local_site(answer) as url:
+        try:
+            yield url
+        finally:
+            release.set()
 
 
 @pytest.mark.parametrize("path, says", [("/slow", "did not answer within 0.5 s"),

@@ -309,8 +309,7 @@ def test_exports_and_the_review_carry_the_sources(tmp_path, smol_tokenizer):
 def site():
     """The shop's site on 127.0.0.1: a Latin-1 page with a link, a redirect to it, a PDF, an image,
     a missing page, and a redirect to a cloud's metadata address."""
-    import http.server
-    import threading
+    from tests.serving import local_site
 
     pages = {"/help/returns": ("text/html; charset=iso-8859-1", "<h1>Retours</h1><p>Réglement: trente jours. See "
                                "<a href='https://northwind.example/returns'>the form</a>.</p>".encode("latin-1")),
@@ -318,26 +317,19 @@ def site():
              "/logo.png": ("image/png", b"\x89PNG\r\n\x1a\n")}
     moves = {"/old-returns": "/help/returns", "/metadata": "http://169.254.169.254/latest/meta-data/"}
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path in moves:
-                self.send_response(302)
-                self.send_header("Location", moves[self.path])
-                self.end_headers()
-                return
-            kind, body = pages.get(self.path, ("text/plain", None))
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Type", kind)
-            self.end_headers()
-            self.wfile.write(body or b"not here")
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    def answer(request):
+        if request.path in moves:
+            request.send_response(302)
+            request.send_header("Location", moves[request.path])
+            request.end_headers()
+            return
+        kind, body = pages.get(request.path, ("text/plain", None))
+        request.send_response(200 if body is not None else 404)
+        request.send_header("Content-Type", kind)
+        request.end_headers()
+        request.wfile.write(body or b"not here")
+    with local_site(answer) as url:
+        yield url
 
 
 def test_a_page_of_the_shops_site_is_fetched_and_indexed_by_its_address(site, tmp_path, smol_tokenizer):

@@ -34,6 +34,7 @@ class StoreUnavailable(StoreError):
     for a deleted file, after a restart); nothing was written."""
 
 
+MAX_SEARCH_CHARS = 200  # a chat search's words (SQLite refuses LIKE patterns past 50 000 bytes)
 BUSY_TIMEOUT_S = 10  # how long an operation waits for another process's lock before StoreUnavailable
 
 
@@ -128,10 +129,11 @@ class Store(AssistantVersions):
         with self._db() as db:
             if not search:
                 return list(db["sessions"].rows_where(where, args, order_by="updated desc"))
-            like = f"%{search}%"
+            escaped = search[:MAX_SEARCH_CHARS].replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            like = f"%{escaped}%"  # what was typed, literally: "100%" is no wildcard
             return list(db.query(
-                f"select * from sessions where {where} and (title like ? or id in "
-                "(select session_id from messages where content like ?)) order by updated desc",
+                f"select * from sessions where {where} and (title like ? escape '\\' or id in "
+                "(select session_id from messages where content like ? escape '\\')) order by updated desc",
                 [*args, like, like]))
 
     def session(self, user_id: str, session_id: str) -> dict | None:

@@ -35,6 +35,8 @@ def test_crud_and_per_user_isolation(tmp_path):
     assert [s["title"] for s in store.sessions("alice")] == ["Parcel NW1"]
     assert [s["id"] for s in store.sessions("alice", search="on its way")] == [sid]
     assert store.sessions("alice", search="refund") == []
+    assert store.sessions("alice", search="100%") == [] and store.sessions("alice", search="_") == []  # literal
+    assert store.sessions("alice", search="x" * 60_000) == []  # past SQLite's LIKE limit: cut, not an error
     store.delete_messages_from("alice", sid, msgs[1]["id"])
     assert len(store.messages("alice", sid)) == 1
     store.delete_session("bob", sid)  # not bob's: nothing happens

@@ -337,6 +337,25 @@ def test_a_bad_import_is_refused_with_the_reason(chat, tmp_path, content, compla
     assert chat.store.sessions(uid) == before and complaint in warnings[0]
 
 
+def test_made_up_event_values_from_an_api_client_change_nothing(chat, monkeypatch):
+    """The chatbot's events (a thumb, an edit) and the import take what Gradio's browser code sends; a
+    client of the page's API may send anything instead."""
+    warnings = []
+    monkeypatch.setattr(gr, "Warning", warnings.append)
+    uid, sid = chat.current(None, None, tab("alice"))
+    before = chat.store.sessions(uid)
+    for junk in (None, "x", 5, {"index": 1}):
+        assert chat.rate(uid, sid, junk, tab("alice")) == (None, gr.update(visible=False))
+
+        async def edit():
+            return [u async for u in chat.edit_from_here(uid, sid, data=junk, request=tab("alice"))]
+        assert asyncio.run(edit()) == [(gr.update(), gr.update())]
+        if not isinstance(junk, str):  # (a string is a path: Gradio gives the page's own uploads only)
+            chat.import_chat(uid, junk, tab("alice"))
+    assert [s["id"] for s in chat.store.sessions(uid)] == [s["id"] for s in before]
+    assert len(warnings) == 3 and all("no file was given" in w for w in warnings)
+
+
 def test_delete_all_removes_only_this_users_chats(chat):
     alice, _ = chat.current(None, None, tab("alice"))
     chat.new_chat(alice, "", tab("alice"))

@@ -135,3 +135,11 @@ def plain_text(content) -> str:
 def feedback_values(messages: list[dict]) -> list[str | None]:
     """gr.Chatbot's feedback_value: one entry per assistant message."""
     return [{1: "Like", -1: "Dislike"}.get(m.get("feedback")) for m in messages if m["role"] == "assistant"]
+
+
+def event_index(data) -> int | None:
+    """The message a chatbot event (a thumb, an edit) names: gr.LikeData's or gr.EditData's index,
+    None for anything else (an API client's made-up value)."""
+    index = getattr(data, "index", None)
+    index = index[0] if isinstance(index, (list, tuple)) and index else index
+    return index if isinstance(index, int) else None

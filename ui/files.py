@@ -33,6 +33,8 @@ class FileHandlers:
         uid = self.who(uid, request)
         path = upload if isinstance(upload, str) else getattr(upload, "name", None) or getattr(upload, "path", None)
         try:
+            if not isinstance(path, str):
+                raise ValueError("no file was given")
             chat = transfer.read_chat(path)
         except (ValueError, OSError) as e:
             gr.Warning(say(request, "import_failed", why=e))

@@ -22,7 +22,7 @@ from storage.knowledge import Knowledge
 from ui import actions, assistants, grounding, links
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import ChatService, chat_title, unnamed
-from ui.display import customer_display, display, feedback_values
+from ui.display import customer_display, display, event_index, feedback_values
 from ui.files import FileHandlers
 from ui.i18n import say
 from ui.person import PersonHandlers
@@ -264,8 +264,8 @@ class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
         """Thumbs up/down on a reply; opens the comment box for it."""
         uid, sid = self.current(uid, sid, request)
         messages = self.store.messages(uid, sid)
-        index = data.index if isinstance(data.index, int) else data.index[0]
-        if not 0 <= index < len(messages) or messages[index]["role"] != "assistant":
+        index = event_index(data)
+        if index is None or not 0 <= index < len(messages) or messages[index]["role"] != "assistant":
             return None, gr.update(visible=False)
         value = {True: 1, False: -1, "Like": 1, "Dislike": -1}.get(data.liked)
         self.store.set_feedback(uid, sid, messages[index]["id"], value)

@@ -16,7 +16,7 @@ from storage import StoreError, StoreUnavailable
 from ui import assistants
 from ui.assistants import CHAT_REPETITION_PENALTY
 from ui.chat import ReplyCut, chat_title, unnamed
-from ui.display import TYPING, plain_text, text_of
+from ui.display import TYPING, event_index, plain_text, text_of
 from ui.i18n import Refusal, say, wants_person
 
 REFUSALS = (ValueError, EngineDeadError, EngineOverloadedError, TooManyRequestsError, StoreError)  # warnings
@@ -190,7 +190,10 @@ class TurnHandlers:
                              data: gr.EditData = None, request: gr.Request = None):
         """Edit and resend: the edited message and everything after it leave the chat (kept in the
         database as a branch); the edited text is sent as a new turn on the untouched history."""
-        index = data.index if isinstance(data.index, int) else data.index[0]
+        index = event_index(data)
+        if index is None:
+            yield gr.update(), gr.update()
+            return
         try:
             uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
             self.service.refuse_if_busy(sid, request.session_hash, own="wait_for_reply")

@@ -43,9 +43,11 @@ MIN_SHARED_TOKENS_PLAIN = 256
 def shared_tokens_needed(dtype: torch.dtype, head_dim: int) -> int:
     """The prefix length from which the cascade pays for a model of `dtype` and `head_dim` on this
     CPU, by which kernels would take the prefix and the whole sequences (see above)."""
+    from engine.quant import cpu_matmul  # here: reading a checkpoint imports this module, and no quantization code
+
     if cpu_kernels.prefix_kernel(dtype, head_dim, 16):
         return MIN_SHARED_TOKENS_KERNEL if head_dim == 64 else MIN_SHARED_TOKENS_PLAIN
-    return MIN_SHARED_TOKENS if dtype in cpu_kernels.quant_matmul_dtypes() else MIN_SHARED_TOKENS_PLAIN
+    return MIN_SHARED_TOKENS if dtype in cpu_matmul.quant_matmul_dtypes() else MIN_SHARED_TOKENS_PLAIN
 
 
 def find_shared_prefix(table: torch.Tensor, seq_lens: torch.Tensor, block_size: int,

@@ -1,7 +1,8 @@
 """Our C kernels for the CPU, compiled once with the system's C compiler (engine/kernel_build.py) and
 called through ctypes (no torch headers: it builds in about a second). If no compiler is available,
 callers fall back to the torch path; `available()` says which is in use. Layers ask once, at
-construction (`serves_here()`), not on every call. Error codes and feature bits: csrc/common.h, csrc/kernels.h."""
+construction (`serves_here()`), not on every call. Error codes and feature bits: csrc/common.h, csrc/kernels.h.
+The quantized matmuls' wrappers are engine/quant/cpu_matmul.py."""
 from __future__ import annotations
 
 import ctypes
@@ -47,7 +48,7 @@ def serves_here() -> bool:
     return torch.get_default_device().type == "cpu" and available()
 
 
-def _check(code: int, kernel: str) -> None:
+def check(code: int, kernel: str) -> None:
     """A kernel's return code (csrc/common.h) as the exception it means."""
     if code == NO_MEMORY:
         raise MemoryError(f"{kernel} could not allocate its buffers")
@@ -57,6 +58,11 @@ def _check(code: int, kernel: str) -> None:
         raise RuntimeError(f"{kernel} is not in this build (this CPU lacks its instructions)")
     if code != OK:
         raise RuntimeError(f"{kernel} failed with code {code}")
+
+
+def library() -> ctypes.CDLL:
+    """The built library, for the kernels' other wrappers (engine/quant/cpu_matmul.py); after available()."""
+    return _lib
 
 
 def set_threads(n: int) -> None:
@@ -100,7 +106,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), block_tables.data_ptr(),
         seq_lens.data_ptr(), _ptr(starts), _ptr(rows), _ptr(prefix_out), _ptr(prefix_lse), B, H, Hkv, D, block_size,
         block_tables.shape[1], scale, dtype, threads or _threads)
-    _check(code, "paged_decode_attention")
+    check(code, "paged_decode_attention")
     return out
 
 
@@ -117,7 +123,7 @@ def prefix_attention(q: torch.Tensor, kt: torch.Tensor, vp: torch.Tensor, scale:
     (S, H, D), (Hkv, _, P, _) = q.shape, kt.shape
     q = q if heads_contiguous(q) else q.contiguous()
     out, lse = torch.empty(S, H, D, dtype=torch.float32), torch.empty(S, H, dtype=torch.float32)
-    _check(_lib.prefix_attention(q.data_ptr(), q.stride(0), kt.data_ptr(), vp.data_ptr(), out.data_ptr(),
+    check(_lib.prefix_attention(q.data_ptr(), q.stride(0), kt.data_ptr(), vp.data_ptr(), out.data_ptr(),
                                  lse.data_ptr(), S, H, Hkv, D, P, scale, threads or _threads), "prefix_attention")
     return out, lse
 
@@ -153,7 +159,7 @@ def decoder_layers(table: torch.Tensor, shape: torch.Tensor, h: torch.Tensor, po
                                block_tables.data_ptr(), seq_lens.data_ptr(), block_tables.shape[1], eps, scale,
                                _threads, attention_threads or _threads, _ptr(cascade))
     if code:
-        _check(code, "decoder_layers")
+        check(code, "decoder_layers")
     return out
 
 
@@ -228,77 +234,3 @@ def rotary_neox(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.
     T, Hq, D = q.shape
     _lib.rotary_neox(q.data_ptr(), k.data_ptr(), q.stride(0), k.stride(0), cos.data_ptr(), sin.data_ptr(),
                      positions.data_ptr(), T, Hq, k.shape[1], D, _dtype_code(q))
-
-
-def quant_matmul_dtypes() -> tuple[torch.dtype, ...]:
-    """The activation dtypes our 4-/8-bit kernels take on this CPU: bfloat16 needs AVX-512 BF16
-    (csrc/quant_matmul.c), float32 AVX2 with FMA (csrc/quant_matmul_f32.c); empty: torch's kernels."""
-    return tuple(dtype for dtype, feature in ((torch.bfloat16, "quant_bf16"), (torch.float32, "quant_f32"))
-                 if has(feature))
-
-
-def quant_kernel_dtype(dtype: torch.dtype) -> torch.dtype | None:
-    """Which of our kernels serves a model of `dtype`: its own where there is one, else the fp32 one
-    (its rows converted), else None (torch's kernels)."""
-    dtypes = quant_matmul_dtypes()
-    return dtype if dtype in dtypes else torch.float32 if torch.float32 in dtypes else None
-
-
-def amx_tiles_computed() -> int:
-    """How many tiles of 16 rows by 16 columns the int8-row kernels have run on AMX in this process."""
-    return _lib.amx_tiles_computed() if available() else 0
-
-
-def _packed_call(fn, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, *args) -> torch.Tensor:
-    """y [M, N] in x's dtype by fn(x, packed, scales, y, M, K, N, *args), N = 16 * packed.shape[0]."""
-    M, K = x.shape
-    x = x if x.is_contiguous() else x.contiguous()  # no copy when it is: these run 120 times a step
-    y = x.new_empty(M, packed.shape[0] * 16)
-    code = fn(x.data_ptr(), packed.data_ptr(), scales.data_ptr(), y.data_ptr(), M, K, y.shape[1], *args)
-    if code:
-        _check(code, getattr(fn, "__name__", "a matmul kernel"))
-    return y
-
-
-def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group_size: int,
-                int8_rows: bool = False, amx: bool = False) -> torch.Tensor:
-    """x [M, K] @ the packed 4-bit weight^T -> [M, N] in x's dtype, bfloat16 or float32, which picks
-    the kernel: pack for it (quant/packing.py's int4_pack, with the same `int8_rows`). `int8_rows`: rows
-    rounded to int8 per 32 inputs (K % 32 == 0; bf16 on AVX-512 VNNI, fp32 on AVX2); `amx`: bf16 rows'
-    whole tiles of 16 rows on AMX (same results, has("amx_tiles"))."""
-    if int8_rows:
-        if x.dtype == torch.float32:
-            return _packed_call(_lib.int4_matmul_f32_i8, x, packed, scales, group_size, _threads)
-        return _packed_call(_lib.int4_matmul_i8, x, packed, scales, group_size, _threads, amx)
-    fn = _lib.int4_matmul_f32 if x.dtype == torch.float32 else _lib.int4_matmul
-    return _packed_call(fn, x, packed, scales, group_size, _threads)
-
-
-def int4_matmul_bf16_tiles(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-                           group_size: int) -> torch.Tensor:
-    """x [M, K] bf16 @ int4_matmul's packed weight^T on AMX bf16 tiles (has("amx_bf16_tiles")): each block
-    of 16 columns widened to bf16 once per call, fp32 sums over all K (csrc/quant_amx_bf16.h)."""
-    return _packed_call(_lib.int4_matmul_bf16_tiles, x, packed, scales, group_size, _threads)
-
-
-def group_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int, bits: int,
-                 amx: bool = False) -> torch.Tensor:
-    """x [M, K] bf16 @ a weight in groups of `group` inputs^T -> [M, N] bf16, the rows rounded to int8 per
-    32 inputs (AVX-512 VNNI); scales and zeros as group_scales in bf16. `bits` 8 (groups of 16 or 32):
-    packed as int8_pack(q, int8_rows=True), w = q * scale + zero; 5 (groups of 32): packed as
-    int5_pack(q), w = (q - 16) * scale + zero. `amx` as int4_matmul's."""
-    fn = _lib.int5_matmul_i8 if bits == 5 else _lib.int8g_matmul_i8
-    return _packed_call(fn, x, packed, scales, group, _threads, amx)
-
-
-def int8_matmul(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, int8_rows: bool = False,
-                amx: bool = False) -> torch.Tensor:
-    """x [M, K] @ the packed int8 weight^T * scales (fp32 [N]) -> [M, N] in x's dtype, bfloat16 or
-    float32, which picks the kernel: pack for it (int8_pack, with the same `int8_rows`); `amx` as
-    int4_matmul's."""
-    if int8_rows:
-        if x.dtype == torch.float32:
-            return _packed_call(_lib.int8_matmul_f32_i8, x, packed, scales, _threads)
-        return _packed_call(_lib.int8_matmul_i8, x, packed, scales, _threads, amx)
-    fn = _lib.int8_matmul_f32 if x.dtype == torch.float32 else _lib.int8_matmul
-    return _packed_call(fn, x, packed, scales, _threads)

@@ -8,7 +8,7 @@ import torch
 
 from engine import LLM, SamplingParams, cpu_kernels
 from engine.linear import Linear
-from engine.quant import choose
+from engine.quant import choose, cpu_matmul
 from engine.quant.group_kernels import Int5Weight, Int8GroupWeight
 from engine.quant.kernels import Int4Weight, Int8Weight, quantize_int4, quantize_int8
 
@@ -42,11 +42,11 @@ def test_amx_tiles_compute_the_same_bits_as_the_vnni_tiles(kind):
         kernel.amx_from = 0
         vnni = kernel._packed_matmul(x)
         kernel.amx_from = 16
-        before = cpu_kernels.amx_tiles_computed()
+        before = cpu_matmul.amx_tiles_computed()
         tiles = kernel._packed_matmul(x)
         assert torch.equal(tiles.view(torch.int16), vnni.view(torch.int16)), (kind, rows)
         # whole tiles of 16 rows in each pass of 256 rows, for every block of 16 columns
-        assert cpu_kernels.amx_tiles_computed() - before == kernel.N // 16 * (rows // 256 * 16 + rows % 256 // 16)
+        assert cpu_matmul.amx_tiles_computed() - before == kernel.N // 16 * (rows // 256 * 16 + rows % 256 // 16)
 
 
 def test_the_rule_takes_the_fewest_rows_from_which_amx_wins_at_every_larger_count(monkeypatch):

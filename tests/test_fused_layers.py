@@ -5,14 +5,15 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams, cpu_kernels
+from engine.quant import cpu_matmul
 from engine.attention import AttentionMetadata, PrefillSeq
 from engine.fused_layers import FusedLayers
 from engine.linear import Linear
 from tests.kquants import q4_k_m_gguf
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not cpu_kernels.available(), reason="no C compiler")]
-BF16 = torch.bfloat16 in cpu_kernels.quant_matmul_dtypes()
-F32 = torch.float32 in cpu_kernels.quant_matmul_dtypes()
+BF16 = torch.bfloat16 in cpu_matmul.quant_matmul_dtypes()
+F32 = torch.float32 in cpu_matmul.quant_matmul_dtypes()
 # long enough that prompt chunks and decodes share steps (max_num_batched_tokens 32), repetitive enough
 # that prompt lookup drafts tokens
 PROMPTS = ["order 4417 order 4417 order 4417 where is order 4417 " * 3, "hello", "a b c d e f g a b c d e f g",

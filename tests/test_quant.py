@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams, cpu_kernels
-from engine.quant import packing
+from engine.quant import cpu_matmul, packing
 from engine.checkpoint.gguf import gguf_weights
 from engine.checkpoint.quantized import Packed4
 from engine.checkpoint.source import default_model_path
@@ -40,7 +40,7 @@ def test_int4_round_trip_and_kernel(group):
 
 # Our kernels on this CPU by activation dtype (none: torch's kernels serve, tested above); each with
 # its bound on the error against fp64: bf16 rows and outputs (8 bits of mantissa), fp32 (24).
-OUR_KERNELS = [pytest.param(dtype, id=str(dtype)[6:]) for dtype in cpu_kernels.quant_matmul_dtypes()]
+OUR_KERNELS = [pytest.param(dtype, id=str(dtype)[6:]) for dtype in cpu_matmul.quant_matmul_dtypes()]
 TOLERANCE = {torch.bfloat16: 2 ** -8, torch.float32: 2 ** -18}
 
 
@@ -72,7 +72,7 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
     deq = (q.double() - 8) * kept[0][gidx].T + kept[1][gidx].T
     x = (torch.randn(17, K, generator=g) * 3).to(dtype)
     x[3, 40:72] = 0  # a group of zeros: step 0
-    matmul = lambda rows: cpu_kernels.int4_matmul(rows, packed, sz, group, int8)  # noqa: E731
+    matmul = lambda rows: cpu_matmul.int4_matmul(rows, packed, sz, group, int8)  # noqa: E731
     alone = torch.cat([matmul(x[i:i + 1]) for i in range(17)])
     for m in range(1, 18):
         y = matmul(x[:m])
@@ -82,7 +82,7 @@ def test_our_int4_kernel_against_fp64_and_batch_invariant(dtype, int8, group, n)
         assert ((y.double() - ref).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max() + slack).all(), m
         assert torch.equal(y, alone[:m])
     if int8:
-        as_is = cpu_kernels.int4_matmul(x, *packing.int4_pack(q, scales, zeros, dtype), group)
+        as_is = cpu_matmul.int4_matmul(x, *packing.int4_pack(q, scales, zeros, dtype), group)
         assert ((as_is.double() - x.double() @ deq.T).abs() <= ref.abs() * TOLERANCE[dtype] + 1e-3 * ref.abs().max()).all()
         assert not torch.equal(alone, as_is)
 
@@ -104,7 +104,7 @@ def test_our_int8_kernel_against_fp64_and_batch_invariant(dtype, int8, n):
     deq = q.double() * scales.double()[:, None]
     x = (torch.randn(41, K, generator=g) * 3).to(dtype)
     x[2, 32:64] = 0  # a group of zeros: step 0
-    matmul = lambda rows: cpu_kernels.int8_matmul(rows, packed, scales, int8)  # noqa: E731
+    matmul = lambda rows: cpu_matmul.int8_matmul(rows, packed, scales, int8)  # noqa: E731
     alone = torch.cat([matmul(x[i:i + 1]) for i in range(41)])
     for m in [*range(1, 12), 15, 30, 32, 35, 41]:
         y = matmul(x[:m])
@@ -127,12 +127,12 @@ def test_kernels_split_over_threads_give_the_same_bits_alone_and_from_concurrent
     packed, sz = packing.int4_pack(q, scales, zeros, dtype)
     xs = [torch.randn(8, 576, generator=g).to(dtype) for _ in range(4)]
     monkeypatch.setattr(cpu_kernels, "_threads", 1)
-    serial = [cpu_kernels.int4_matmul(x, packed, sz, 32) for x in xs]
+    serial = [cpu_matmul.int4_matmul(x, packed, sz, 32) for x in xs]
     monkeypatch.setattr(cpu_kernels, "_threads", 4)
-    assert all(torch.equal(cpu_kernels.int4_matmul(x, packed, sz, 32), y) for x, y in zip(xs, serial))
+    assert all(torch.equal(cpu_matmul.int4_matmul(x, packed, sz, 32), y) for x, y in zip(xs, serial))
 
     def wrong_results(i: int) -> int:
-        return sum(not torch.equal(cpu_kernels.int4_matmul(xs[i], packed, sz, 32), serial[i]) for _ in range(200))
+        return sum(not torch.equal(cpu_matmul.int4_matmul(xs[i], packed, sz, 32), serial[i]) for _ in range(200))
 
     with ThreadPoolExecutor(4) as callers:
         assert sum(callers.map(wrong_results, range(4))) == 0
@@ -399,7 +399,7 @@ def test_quantization_that_does_not_apply_is_refused(tiny_model):
         LLM(path, dtype="float16", quantization="int4", num_kv_blocks=16)
 
 
-@pytest.mark.skipif(torch.float32 not in cpu_kernels.quant_matmul_dtypes(), reason="no AVX2 with FMA")
+@pytest.mark.skipif(torch.float32 not in cpu_matmul.quant_matmul_dtypes(), reason="no AVX2 with FMA")
 def test_fp32_models_keep_int4_packed_where_our_fp32_kernel_runs(tiny_model):
     """On CPUs without fast bf16 the model runs in fp32: 4-bit weights still stay 4-bit; with int8 rows
     (the default) they keep no fp32 dense copy and are never timed for AMX tiles (which read the bf16
@@ -533,7 +533,7 @@ def test_an_int8_lm_head_gives_back_its_rows_in_every_layout(monkeypatch):
     for dtype, int8_rows in layouts:
         weight = Int8Weight(q, scales, dtype, keep_dense=False, int8_rows=int8_rows)
         assert torch.allclose(weight.rows(ids), expected, rtol=1e-2 if weight.q.dim() == 2 else 0), (dtype, int8_rows)
-    monkeypatch.setattr(cpu_kernels, "quant_kernel_dtype", lambda dtype: None)  # torch's kernel: plain [N, K]
+    monkeypatch.setattr(cpu_matmul, "quant_kernel_dtype", lambda dtype: None)  # torch's kernel: plain [N, K]
     weight = Int8Weight(q, scales, torch.bfloat16, keep_dense=False)
     assert weight.q.dim() == 2 and torch.allclose(weight.rows(ids), expected, rtol=1e-2)
 

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from engine import LLM, SamplingParams, cpu_kernels
+from engine import LLM, SamplingParams
+from engine.quant import cpu_matmul
 from engine.checkpoint.quantized import AWQ_ORDER, QuantSpec, detect, to_int4
 from engine.quant.gptq import (_sum_nibbles, _to_int32, flushed_denormals, gptq_quantize, pack_gptq,
                                quantize_checkpoint)
@@ -134,7 +135,7 @@ def test_tiny_checkpoints_load_and_match_their_dequantized_weights(fmt, act_orde
     by_kernel = paged_logits(packed, ids, [26, 1, 1, 1, 1])  # one-row decodes run the int4 kernel
     err = ((by_kernel[-4:] - reference[-4:]).abs().max() / reference.abs().max()).item()
     assert err < 3e-2  # tight: the checkpoint's own weights
-    if torch.float32 in cpu_kernels.quant_matmul_dtypes():  # fp32 rows through our AVX2 kernels
+    if torch.float32 in cpu_matmul.quant_matmul_dtypes():  # fp32 rows through our AVX2 kernels
         for int8_rows, bound in ((False, 1e-4), (True, 3e-2)):  # rows as they are: fp32 sums; rounded: as bf16's
             packed32 = LLM(str(tmp_path), dtype="float32", num_kv_blocks=64, int8_activations=int8_rows)
             assert packed32.engine.quantization == spec_for(fmt, 32).method

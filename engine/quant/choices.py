@@ -18,9 +18,9 @@ def packed_kernels_take(dtype: torch.dtype) -> bool:
     """Whether quantized weights serve a model of `dtype` packed: bf16 everywhere (torch's kernels or
     ours), fp32 where our AVX2 kernel runs (engine/csrc/quant_matmul_f32.c); else they would be
     dequantized."""
-    from engine import cpu_kernels
+    from engine.quant import cpu_matmul
 
-    return dtype == torch.bfloat16 or dtype in cpu_kernels.quant_matmul_dtypes()
+    return dtype == torch.bfloat16 or dtype in cpu_matmul.quant_matmul_dtypes()
 
 
 def valid_modes(source_kind: str, dtype: torch.dtype) -> list[str]:

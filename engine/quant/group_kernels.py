@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from engine import cpu_kernels
-from engine.quant import packing
+from engine.quant import cpu_matmul, packing
 from engine.linear import DenseKernel
 from engine.quant.kernels import INT8_ROWS_ALL_ROWS_AMX, INT8_ROWS_SMALL_M, QuantizedWeight, _as
 
@@ -39,11 +39,11 @@ class Int8GroupWeight(QuantizedWeight):
     @staticmethod
     def runs_here(shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> bool:
         N, K = shape
-        return (device.type == "cpu" and cpu_kernels.quant_kernel_dtype(dtype) == torch.bfloat16
+        return (device.type == "cpu" and cpu_matmul.quant_kernel_dtype(dtype) == torch.bfloat16
                 and cpu_kernels.has("quant_bf16") and N % 16 == 0 and K % 32 == 0)
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.group_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros, self.group_size,
+        return cpu_matmul.group_matmul(_as(x, torch.bfloat16), self.packed, self.scales_and_zeros, self.group_size,
                                         self.bits, self.amx(x)).to(x.dtype)
 
     @property

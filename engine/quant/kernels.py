@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine import cpu_kernels
-from engine.quant import packing
+from engine.quant import cpu_matmul, packing
 from engine.attention import decode_rows
 from engine.checkpoint.quantized import INT4_GROUP_SIZES
 from engine.linear import DenseKernel, Linear, LinearKernel
@@ -138,7 +138,7 @@ class Int4Weight(QuantizedWeight):
                              f"got N={N}, K={K}, group {group_size}")
         self.N, self.K, self.group_size, self.dtype, self.perm = N, K, group_size, dtype, perm
         device = q.device
-        self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if device.type == "cpu" else None
+        self.kernel_dtype = cpu_matmul.quant_kernel_dtype(dtype) if device.type == "cpu" else None
         self.int8_rows = self.kernel_dtype is not None and int8_rows
         if self.kernel_dtype is not None:
             self.packed, self.scales_and_zeros = packing.int4_pack(q, scales, zeros, self.kernel_dtype, self.int8_rows)
@@ -164,7 +164,7 @@ class Int4Weight(QuantizedWeight):
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         xb = x if self.perm is None else x[:, self.perm]
         if self.kernel_dtype is not None:
-            y = cpu_kernels.int4_matmul(_as(xb, self.kernel_dtype), self.packed, self.scales_and_zeros, self.group_size,
+            y = cpu_matmul.int4_matmul(_as(xb, self.kernel_dtype), self.packed, self.scales_and_zeros, self.group_size,
                                         self.int8_rows, self.amx(x))
         elif xb.device.type == "cuda":
             y = torch._weight_int4pack_mm(xb.to(torch.bfloat16), self.packed, self.group_size, self.scales_and_zeros)
@@ -175,7 +175,7 @@ class Int4Weight(QuantizedWeight):
 
     def _tiles_matmul(self, x: torch.Tensor) -> torch.Tensor:
         xb = x if self.perm is None else x[:, self.perm]
-        return cpu_kernels.int4_matmul_bf16_tiles(_as(xb, torch.bfloat16), self.packed, self.scales_and_zeros,
+        return cpu_matmul.int4_matmul_bf16_tiles(_as(xb, torch.bfloat16), self.packed, self.scales_and_zeros,
                                                   self.group_size).to(x.dtype)
 
     @property
@@ -193,7 +193,7 @@ class Int8Weight(QuantizedWeight):
         self.q = q.to(torch.int8).contiguous()
         self.dtype, (self.N, self.K) = dtype, q.shape
         fits = q.device.type == "cpu" and q.shape[0] % 16 == 0 and q.shape[1] % 2 == 0
-        self.kernel_dtype = cpu_kernels.quant_kernel_dtype(dtype) if fits else None
+        self.kernel_dtype = cpu_matmul.quant_kernel_dtype(dtype) if fits else None
         self.int8_rows = self.kernel_dtype is not None and int8_rows and q.shape[1] % 32 == 0
         if self.kernel_dtype is not None:
             self.q = packing.int8_pack(self.q, self.kernel_dtype, self.int8_rows)
@@ -207,7 +207,7 @@ class Int8Weight(QuantizedWeight):
 
     def _packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel_dtype is not None:
-            y = cpu_kernels.int8_matmul(_as(x, self.kernel_dtype), self.q, self.scales, self.int8_rows, self.amx(x))
+            y = cpu_matmul.int8_matmul(_as(x, self.kernel_dtype), self.q, self.scales, self.int8_rows, self.amx(x))
             return y if y.dtype is x.dtype else y.to(x.dtype)
         if x.device.type == "cpu":
             return torch._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.q, self.scales).to(x.dtype)

@@ -261,8 +261,9 @@ def wire_turns(demo: gr.Blocks, chat: ChatHandlers, state: SimpleNamespace, side
                                    concurrency_limit=None)
     marks(regen_event)
     marks(edit_event)
-    marks(pane.stop_btn.click(chat.stop, [user, session], [pane.chatbot], cancels=[*send_events, regen_event, edit_event],
-                              concurrency_limit=None, show_progress="hidden", **PRIVATE))
+    stopped = pane.stop_btn.click(chat.stop, [user, session], [pane.chatbot], cancels=[*send_events, regen_event,
+                                  edit_event], concurrency_limit=None, show_progress="hidden", **PRIVATE)
+    marks(stopped.then(chat.shown_after_stop, [user, session], [pane.chatbot], show_progress="hidden", **PRIVATE))
     pane.chatbot.like(chat.rate, [user, session], [state.rated, pane.comment_row])
     for trigger in (pane.comment_btn.click, pane.comment_box.submit):
         trigger(chat.comment, [user, session, state.rated, pane.comment_box], [pane.comment_box, pane.comment_row])

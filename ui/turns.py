@@ -158,6 +158,12 @@ class TurnHandlers:
         await self.service.stop(request.session_hash, sid)
         return await self._shown(uid, sid)
 
+    async def shown_after_stop(self, uid, sid, request: gr.Request):
+        """After Stop's own update: the chat as stored, again (a cancelled turn's last update, sent
+        slowly on a busy server, can land after Stop's and would leave the reply without its footer)."""
+        uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+        return await self._shown(uid, sid)
+
     async def regenerate(self, uid, sid, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
         try:
             uid, sid = await asyncio.to_thread(self.current, uid, sid, request)

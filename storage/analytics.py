@@ -12,7 +12,7 @@ import re
 import statistics
 import time
 
-from storage.knowledge import STOPWORDS, Knowledge, stem
+from storage.knowledge import STOPWORDS, Knowledge
 
 INDEX_DAYS = 14
 COLUMNS = ["day", "assistant", "chats", "turns", "handoff rate", "thumbs-up rate", "TTFT p50 (ms)", "TTFT p95 (ms)",
@@ -92,7 +92,7 @@ def unanswered(store, days: int = 30, now: float | None = None, limit: int = 50)
                               if (len(w) >= 3 or not w.isascii()) and w not in STOPWORDS and w not in SMALL_TALK)
         for w in words:
             if (r["assistant"], w) not in known:
-                known[r["assistant"], w] = any(knowledge.contains(r["assistant"], t) for t in (w, stem(w)) if t)
+                known[r["assistant"], w] = bool(knowledge.search(r["assistant"], w, 1))  # it, or its stem
         missing = [w for w in words if not known[r["assistant"], w]]
         if missing:
             key = (r["assistant"], " ".join(r["content"].lower().split()).rstrip("?!.。 "))

@@ -142,19 +142,6 @@ class Knowledge:
         found = self.chunks(assistant, [chunk_id])
         return found[0] if found else None
 
-    def contains(self, assistant: str, word: str) -> bool:
-        """Whether any of the assistant's chunks holds `word` (as search() would find it: a trigram match,
-        or a substring for a word under three characters)."""
-        with self.store._db() as db:
-            if len(word) >= 3:
-                row = db.execute("select 1 from chunks_fts join chunks c on c.id = chunks_fts.rowid where "
-                                 "chunks_fts match ? and c.assistant = ? limit 1",
-                                 ['"' + word.replace('"', '""') + '"', assistant]).fetchone()
-            else:
-                row = db.execute("select 1 from chunks where assistant = ? and instr(lower(section || ' ' || text), ?) "
-                                 "> 0 limit 1", [assistant, word]).fetchone()
-        return row is not None
-
     def search(self, assistant: str, query: str, k: int = 3, min_score: float = 0.0) -> list[Chunk]:
         """The k chunks most relevant to `query` (bm25 over trigrams; short words by instr)."""
         words = terms(query)

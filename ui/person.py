@@ -2,8 +2,8 @@
 line (place in line, whether anyone of the team is online, who is answering), "back to the
 assistant" while the chat waits, and the poll that shows a person's replies in the open tab. A
 deployment with no agents or operators (`staffed` False) offers no person: the assistant answers.
-Mixed into ChatHandlers (ui/handlers.py), whose current(), store, handoff, staffed, display and
-hosts_of it uses."""
+Mixed into ChatHandlers (ui/handlers.py), whose current(), store, handoff, staffed and shown() it
+uses."""
 from __future__ import annotations
 
 import gradio as gr
@@ -46,5 +46,4 @@ class PersonHandlers:
         uid, sid = self.current(uid, sid, request)
         messages = self.store.messages(uid, sid)
         changed = len(messages) != seen
-        return (self.display(messages, self.hosts_of(self.store.session(uid, sid))) if changed
-                else gr.update()), *self.person_status(uid, sid, request), len(messages)
+        return (self.shown(uid, sid) if changed else gr.update()), *self.person_status(uid, sid, request), len(messages)

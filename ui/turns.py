@@ -162,6 +162,10 @@ class TurnHandlers:
         """After Stop's own update: the chat as stored, again (a cancelled turn's last update, sent
         slowly on a busy server, can land after Stop's and would leave the reply without its footer)."""
         uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
+        flight = self.service.busy.get(sid)
+        if flight is not None:  # the turn is still storing its reply: show it once stored, marked
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flight.ended.wait(), 10)
         return await self._shown(uid, sid)
 
     async def regenerate(self, uid, sid, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):

@@ -30,6 +30,7 @@ from server.logs import setup_logging
 from storage import Store, StoreError
 from storage.documents import DocumentError
 from storage.knowledge import Knowledge
+from storage.retention import start_sweeps
 
 log = logging.getLogger("pagedchat.app")
 
@@ -62,10 +63,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--knowledge", default=None, metavar="FOLDER",
                    help="index the documents in FOLDER (Markdown, text, HTML, PDF) as the default assistant's "
                         "knowledge at start (changed files are indexed again, unchanged ones skipped)")
+    p.add_argument("--retention-days", type=positive_days, default=None, metavar="DAYS",
+                   help="delete chats nobody has written to for DAYS days (and the KV disk tier's files as old), "
+                        "checked at start and hourly; default: keep them")
     p.add_argument("--engine-url", default=None, metavar="URL",
                    help="UI tier only: use the OpenAI API of engine pods at URL (e.g. http://engine:8000/v1) "
                         "instead of an engine in this process (--model names the same model, for its tokenizer)")
     return p.parse_args(argv)
+
+
+def positive_days(value: str) -> float:
+    try:
+        days = float(value)
+    except ValueError:
+        days = float("nan")
+    if not 0 < days < 100_000:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of days above 0")
+    return days
 
 
 def make_client(config: EngineConfig, engine_url: str | None) -> EngineClient:
@@ -130,6 +144,8 @@ def build_app(args: argparse.Namespace):
     credentials = credentials_from_args(args, args.auth_file)
     limiter = limiter_from_args(args, credentials)
     config = config_from_args(args)
+    if args.retention_days:
+        start_sweeps(store, args.retention_days, config.kv_disk)
     client = make_client(config, args.engine_url)
     api = create_app(client, credentials=credentials, limiter=limiter, served_model_name=args.served_model_name,
                      log_text=args.log_message_text, max_request_bytes=args.max_request_bytes,

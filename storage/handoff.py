@@ -8,8 +8,13 @@ from __future__ import annotations
 import json
 import time
 
+from storage.store import like_pattern
+
 STATES = ("assistant", "waiting", "agent")
 ONLINE_S = 120.0  # a console seen this recently is open (a background tab's timers tick about once a minute)
+
+
+LISTED = "s.id, s.user_id, s.title, s.assistant, s.state, s.agent, s.waiting_since, s.updated"
 
 
 class Handoff:
@@ -95,12 +100,29 @@ class Handoff:
         message yet, is not listed)."""
         with self.store._db() as db:
             return list(db.query(
-                "select s.id, s.user_id, s.title, s.assistant, s.state, s.agent, s.waiting_since, s.updated, "
-                "(select content from messages m where m.session_id = s.id and m.replaced is null "
+                f"select {LISTED}, (select content from messages m where m.session_id = s.id and m.replaced is null "
                 " order by m.id desc limit 1) as last from sessions s where s.state != 'assistant' "
                 "or (s.updated > ? and exists (select 1 from messages m where m.session_id = s.id)) "
                 "order by case s.state when 'waiting' then 0 when 'agent' then 1 else 2 end, "
                 "coalesce(s.waiting_since, 0), s.updated desc limit 200", [time.time() - recent_seconds]))
+
+    def waiting(self) -> int:
+        with self.store._db() as db:
+            return db.execute("select count(*) from sessions where state = 'waiting'").fetchone()[0]
+
+    def find(self, words: str, limit: int = 50) -> list[dict]:
+        """Any chat, newest first, whose id is `words` or whose title, customer or a message holds them
+        (literally: `100%` is no wildcard); `last` is its newest message that holds them."""
+        words = words.strip()
+        like = like_pattern(words)
+        holds = "m.session_id = s.id and m.replaced is null and m.content like ? escape '\\'"
+        with self.store._db() as db:
+            return list(db.query(
+                f"select {LISTED}, coalesce((select content from messages m where {holds} order by m.id desc limit 1), "
+                "(select content from messages m where m.session_id = s.id order by m.id desc limit 1)) as last "
+                f"from sessions s where s.id = ? or s.title like ? escape '\\' or s.user_id like ? escape '\\' "
+                f"or exists (select 1 from messages m where {holds}) order by s.updated desc limit ?",
+                [like, words, like, like, like, limit]))
 
     def assistant_of(self, session_id: str) -> str | None:
         with self.store._db() as db:

@@ -76,6 +76,7 @@ class Store(AssistantVersions):
             conn = sqlite3.connect(self._uri, uri=True, timeout=BUSY_TIMEOUT_S)
             try:
                 conn.execute("PRAGMA foreign_keys=ON")
+                conn.execute("PRAGMA secure_delete=ON")  # a deleted chat's text is overwritten, not left in free pages
                 yield sqlite_utils.Database(conn)
                 conn.commit()
             finally:
@@ -129,8 +130,7 @@ class Store(AssistantVersions):
         with self._db() as db:
             if not search:
                 return list(db["sessions"].rows_where(where, args, order_by="updated desc"))
-            escaped = search[:MAX_SEARCH_CHARS].replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            like = f"%{escaped}%"  # what was typed, literally: "100%" is no wildcard
+            like = like_pattern(search)
             return list(db.query(
                 f"select * from sessions where {where} and (title like ? escape '\\' or id in "
                 "(select session_id from messages where content like ? escape '\\')) order by updated desc",
@@ -154,6 +154,13 @@ class Store(AssistantVersions):
             if self._owned(db, user_id, session_id):
                 db.conn.execute("delete from messages where session_id = ?", [session_id])
                 db.conn.execute("delete from sessions where id = ?", [session_id])
+        self.checkpoint()
+
+    def checkpoint(self) -> None:
+        """Move the write-ahead log into the file and truncate it: after a delete, the deleted text is
+        not left in the log's old frames."""
+        with self._db() as db:
+            db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # ---- messages -----------------------------------------------------------------------
     def add_message(self, user_id: str, session_id: str, role: str, content: str,
@@ -252,11 +259,18 @@ class Store(AssistantVersions):
             for sid in ids:
                 db.conn.execute("delete from messages where session_id = ?", [sid])
             db.conn.execute("delete from sessions where user_id = ?", [user_id])
+        self.checkpoint()
         return len(ids)
 
     @staticmethod
     def _owned(db, user_id: str, session_id: str) -> bool:
         return bool(list(db["sessions"].rows_where("id = ? and user_id = ?", [session_id, user_id])))
+
+
+def like_pattern(words: str) -> str:
+    """A LIKE pattern (with `escape '\\'`) that finds what was typed, literally: "100%" is no wildcard."""
+    escaped = words[:MAX_SEARCH_CHARS].replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def _review_message(r: dict) -> dict:

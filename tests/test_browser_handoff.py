@@ -3,6 +3,7 @@ prompt, sampling or engine panel), asks for a person with the keyboard, and an a
 console takes the chat and replies; the reply shows in the customer's open tab without a reload,
 and the chat goes back to the assistant."""
 import os
+import re
 
 import pytest
 
@@ -87,6 +88,7 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
 
     agent = logged_in(chromium, f"{shop.url}/console/", "alex", "pw-x")
     expect(agent.locator("#inbox-table")).to_contain_text("waiting for a person")
+    expect(agent).to_have_title(re.compile(r"^\(1\) "))  # seen from another tab: one chat waits
     expect(customer.locator("#person-status")).to_contain_text("number 1 in line")  # alex's console is open now
     expect(agent.locator("#inbox-table tbody tr")).to_have_count(1)  # the page load made one chat, not two
     agent.locator("#inbox-table [role=gridcell]", has_text="login:cara").click()  # a click on its row opens the chat
@@ -95,6 +97,7 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
     assert agent.locator("#assistants").count() == 0 or not agent.locator("#assistants").is_visible()
     take_and_reply(agent, "tent arrived torn", "Hi, I'm Alex. I have sent you a return label.")
     expect(agent.locator("#inbox-chat")).to_contain_text("return label")
+    expect(agent).not_to_have_title(re.compile(r"^\("))  # taken: nothing waits
 
     expect(customer.locator("#chatbot")).to_contain_text("return label")  # no reload: the open tab polls
     expect(customer.locator("#person-status")).to_contain_text("chatting with alex")
@@ -106,10 +109,22 @@ def test_a_customer_hands_over_to_an_agent_and_back(shop, chromium):
     expect(agent.locator("#inbox-state")).to_contain_text("with the assistant")
     expect(customer.locator("#person-status")).to_be_hidden()
     customer.locator("#msg textarea").click()
-    customer.keyboard.type("Thanks! How long does the refund take?")
+    customer.keyboard.type("Thanks! Refund it to 4111 1111 1111 1111, how long does it take?")
     customer.keyboard.press("Enter")
+    expect(customer.locator("#chatbot [data-testid='user']").last).to_contain_text("•••• •••• •••• 1111")
     expect(customer.locator("#chatbot [data-testid='bot']")).to_have_count(2)  # the model answers again
     expect(customer.locator("#chatbot [data-testid='bot']").last).not_to_contain_text("typing")
+    expect(customer.locator("#chatbot")).not_to_contain_text("4111 1111")  # masked as sent, and as stored
+
+    find = agent.locator("#inbox-find textarea, #inbox-find input").first
+    find.click()
+    agent.keyboard.type("no such words")
+    agent.keyboard.press("Enter")
+    expect(agent.locator("#inbox-table tbody tr")).to_have_count(0)
+    find.fill("")
+    agent.keyboard.type("Refund it to")
+    agent.keyboard.press("Enter")
+    expect(agent.locator("#inbox-table")).to_contain_text("•••• •••• •••• 1111")  # the message that holds the words
 
 
 def test_the_korean_page_works_end_to_end_and_switches_to_english(shop, chromium):

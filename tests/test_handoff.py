@@ -46,7 +46,7 @@ def test_the_button_puts_the_chat_in_line_and_the_model_stays_quiet(shop):
     status, timer, person, back = shop.chat.ask_person(uid, sid, customer("cara"))
     assert "No one from our team is online" in status["value"] and "(number 1)" in status["value"]
     assert timer.active and back["visible"] and not person["visible"]  # the two buttons swap while it waits
-    assert shop.inbox.rows(agent("alex"))[2] == "Online now (a console open): alex"  # an agent's console is open
+    assert shop.inbox.rows("", agent("alex"))[2] == "Online now (a console open): alex"  # an agent's console is open
     uid2, sid2 = shop.chat.current(None, None, customer("dan"))
     assert "number 2 in line" in shop.chat.ask_person(uid2, sid2, customer("dan"))[0]["value"]
     send(shop, "cara", "Hello? Anyone?")
@@ -94,7 +94,8 @@ def test_a_first_message_for_a_person_names_the_chat_as_a_model_turn_would(shop)
 def test_an_agent_takes_replies_and_hands_back(shop):
     uid, sid = send(shop, "cara", "talk to a person")
     _, only_opened = shop.chat.current(None, None, customer("olga"))  # a chat page opened, nothing said
-    rows, picker, _ = shop.inbox.rows(agent("alex"))
+    rows, picker, _, waiting = shop.inbox.rows("", agent("alex"))
+    assert waiting == 1  # the console tab's title counts it
     assert rows[0][0] == sid and rows[0][1] == "waiting for a person" and sid in picker["choices"]
     assert only_opened not in picker["choices"]
     picked, _, state = shop.inbox.pick_row(SimpleNamespace(row_value=rows[0]), agent("alex"))  # a click on the row
@@ -117,6 +118,23 @@ def test_an_agent_takes_replies_and_hands_back(shop):
     assert "return label" in prompt  # the assistant answers on with the agent's turn in its history
     md = open(shop.chat.export_markdown(uid, sid, customer("cara"))).read()
     assert "**alex (agent)**" in md
+
+
+def test_an_agent_finds_any_chat_by_its_words_customer_or_id(shop):
+    """Not only the inbox: a chat from last week, by an order number the customer typed."""
+    uid, sid = send(shop, "cara", "Where is NW20481377? It is 100% late")
+    _, other = send(shop, "dan", "Do you ship to Canada?")
+    with shop.store._db() as db:  # older than the inbox's last hour
+        db.execute("update sessions set updated = 1 where id in (?, ?)", [sid, other])
+    assert sid not in [row[0] for row in shop.inbox.rows("", agent("alex"))[0]]
+    for words, found in (("nw2048", [sid]), ("100%", [sid]), ("1_0", []), ("%", [sid]), ("cara", [sid]), (other, [other]),
+                         ("ship to", [other]), ("parcel ships", [other, sid])):  # the fake model's reply
+        rows, picker, _, _ = shop.inbox.rows(f" {words} ", agent("alex"))
+        assert sorted(row[0] for row in rows) == sorted(found), words
+        assert picker["choices"] == [row[0] for row in rows]
+    row = shop.inbox.rows("NW20481377", agent("alex"))[0][0]
+    assert row[5] == uid and "NW20481377" in row[6]  # the customer, and the message that holds the words
+    assert shop.inbox.pick_row(SimpleNamespace(row_value=row), agent("alex"))[0] == sid
 
 
 def test_two_agents_cannot_hold_one_chat(shop, monkeypatch):
@@ -144,7 +162,8 @@ def test_an_oversized_reply_is_refused_and_kept(shop, monkeypatch):
 
 def test_only_agents_work_the_inbox(shop):
     _, sid = send(shop, "cara", "talk to a person")
-    assert shop.inbox.rows(customer("dan")) == (gr.update(), gr.update(), gr.update())
+    assert shop.inbox.rows("", customer("dan")) == (gr.update(),) * 4
+    assert shop.inbox.rows(sid, customer("dan")) == (gr.update(),) * 4  # nor can they search
     with pytest.raises(gr.Error):
         shop.inbox.take(sid, customer("dan"))
     with pytest.raises(gr.Error):
@@ -163,7 +182,7 @@ def test_the_customer_may_go_back_to_the_assistant_while_no_one_has_taken_the_ch
     asked = len(shop.fake.requests)
     status, timer, person, back = shop.chat.back_to_assistant(uid, sid, customer("cara"))
     assert not status["visible"] and not timer.active and not back["visible"] and person["visible"]
-    assert shop.inbox.rows(agent("alex"))[0][0][1] != "waiting for a person"
+    assert shop.inbox.rows("", agent("alex"))[0][0][1] != "waiting for a person"
     send(shop, "cara", "Never mind: how long do refunds take?")
     assert len(shop.fake.requests) == asked + 1  # the assistant answers again
     send(shop, "cara", "talk to a person")

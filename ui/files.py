@@ -5,6 +5,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ui import transfer
+from ui.cards import hide_cards
 from ui.i18n import say
 
 
@@ -39,7 +40,7 @@ class FileHandlers:
         except (ValueError, OSError) as e:
             gr.Warning(say(request, "import_failed", why=e))
             return (gr.update(),) * (5 if self.demo else 4)
-        messages = chat["messages"]
+        messages = _without_cards(chat["messages"])
         if self.demo:
             prompt, where = chat["system_prompt"], {}
         else:  # a file cannot choose the instructions: no prompt, and no token ids that could carry one
@@ -49,3 +50,13 @@ class FileHandlers:
         sid = self.store.import_session(uid, chat["title"], prompt, messages, **where)
         gr.Info(say(request, "imported", title=chat["title"]))
         return self.show_session(uid, sid, request)
+
+
+def _without_cards(messages: list[dict]) -> list[dict]:
+    """Imported messages with their card numbers masked (ui/cards.py). Where there was one, no
+    message keeps its token ids (a turn's ids hold the whole conversation before it): the next turn
+    renders the chat from its text."""
+    masked = [{**m, "content": hide_cards(m["content"])[0]} for m in messages]
+    if all(m["content"] == old["content"] for m, old in zip(masked, messages)):
+        return messages
+    return [{**m, "token_ids": []} for m in masked]

@@ -21,6 +21,7 @@ from storage.handoff import Handoff
 from storage.knowledge import Knowledge
 from ui import actions, assistants, grounding, links
 from ui.assistants import CHAT_REPETITION_PENALTY
+from ui.cards import hide_cards
 from ui.chat import ChatService, chat_title, unnamed
 from ui.display import customer_display, display, event_index, feedback_values
 from ui.files import FileHandlers
@@ -228,7 +229,7 @@ class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
             return gr.update(), gr.update()
         if not unnamed(self.store.session(uid, sid), self.store.messages(uid, sid)):
             return gr.update(), gr.update()
-        title = chat_title(text)
+        title = chat_title(hide_cards(text)[0])
         choices = [(title if s == sid else label, s) for label, s in self.session_choices(uid, request)]
         return gr.update(choices=choices, value=sid), title
 

@@ -50,6 +50,8 @@ SAID = {
         "no_edit_with_person": "A person is looking after this chat: send a new message instead of editing.",
         "own_messages": "Only your own messages can be edited.",
         "deleted": "Deleted {n} chat(s).", "thanks": "Thanks for the feedback.",
+        "card_hidden": "For your safety we do not keep card numbers: only the last four digits of the one in your "
+                       "message were kept. Please never send a card's full number or security code in a chat.",
         "imported": "Imported \"{title}\" as a new chat.", "import_failed": "Could not import that file: {why}",
         "new_chat": "New chat", "set_by_shop": "The assistant's instructions are set by the shop's operators.",
         "storage_busy": "Your message could not be saved just now, so it was not sent: it is back in the box. "
@@ -89,6 +91,8 @@ SAID = {
         "no_edit_with_person": "상담원이 이 대화를 맡고 있습니다. 수정 대신 새 메시지를 보내 주세요.",
         "own_messages": "내가 보낸 메시지만 수정할 수 있습니다.",
         "deleted": "대화 {n}개를 삭제했습니다.", "thanks": "의견 감사합니다.",
+        "card_hidden": "고객님의 안전을 위해 카드 번호는 보관하지 않습니다: 메시지 속 카드 번호는 끝 네 자리만 남겼습니다. "
+                       "채팅으로 카드 번호 전체나 보안 코드(CVC)를 보내지 마세요.",
         "imported": "\"{title}\" 대화를 새 대화로 가져왔습니다.", "import_failed": "파일을 가져올 수 없습니다: {why}",
         "new_chat": "새 대화", "set_by_shop": "어시스턴트의 지침은 매장 운영자가 정합니다.",
         "storage_busy": "지금은 메시지를 저장할 수 없어 보내지 못했습니다. 입력창에 그대로 있으니 잠시 후 다시 "

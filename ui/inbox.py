@@ -11,11 +11,15 @@ from types import SimpleNamespace
 import gradio as gr
 
 from storage.handoff import Handoff
+from ui.cards import hide_cards
 from ui.display import display
 
 INBOX_COLUMNS = ["chat", "state", "agent", "waiting", "assistant", "customer", "last message"]
 INBOX_WIDTHS = ["130px", "170px", "90px", "80px", "100px", "200px", "auto"]  # short and empty columns stay legible
 MAX_REPLY_CHARS = 4000
+# the console tab's title counts the chats waiting for a person, so an agent working in another tab sees them
+TITLE_JS = """(n) => { const base = document.title.replace(/^\\(\\d+\\) /, "");
+    document.title = n > 0 ? `(${n}) ${base}` : base; }"""
 STATE_WORDS = {"waiting": "waiting for a person", "agent": "with a person", "assistant": "with the assistant"}
 
 
@@ -33,19 +37,23 @@ class InboxHandlers:
             raise gr.Error("Only agents and operators can work the inbox.")
         return request.username
 
-    def rows(self, request: gr.Request):
-        """(the inbox table, the chat picker's choices, who of the team is online) — nothing for anyone
-        but an agent."""
+    def rows(self, find: str | None, request: gr.Request):
+        """(the table, the chat picker's choices, who of the team is online, how many chats wait) — nothing
+        for anyone but an agent. The table is the inbox, or with words in `find` every chat that holds
+        them (an order number, a customer's words, a chat id), newest first."""
         if not self.is_agent(request):
-            return gr.update(), gr.update(), gr.update()
+            return gr.update(), gr.update(), gr.update(), gr.update()
         self._here(request.username)
+        find = (find or "").strip()
+        listed = self.handoff.find(find) if find else self.handoff.inbox()
         now, rows = time.time(), []
-        for r in self.handoff.inbox():
+        for r in listed:
             waiting = f"{(now - r['waiting_since']) / 60:.0f} min" if r["waiting_since"] else ""
             rows.append([r["id"], STATE_WORDS[r["state"]], r["agent"] or "", waiting, r["assistant"] or "",
                          r["user_id"], (r["last"] or "")[:80]])
         online = ", ".join(self.handoff.online())
-        return rows, gr.update(choices=[row[0] for row in rows]), f"Online now (a console open): {online}"
+        return (rows, gr.update(choices=[row[0] for row in rows]), f"Online now (a console open): {online}",
+                self.handoff.waiting())
 
     def _here(self, name: str) -> None:
         """The agent's console is open (it lists the inbox every few seconds): said at most every 15 s."""
@@ -100,6 +108,9 @@ class InboxHandlers:
         if len(text) > MAX_REPLY_CHARS:
             gr.Warning(f"The reply is {len(text)} characters; at most {MAX_REPLY_CHARS}. Nothing was sent.")
             return (*self._shown(sid), text)
+        text, cards = hide_cards(text)
+        if cards:  # never stored, from a person either
+            gr.Info("A card number in the reply was masked (only its last four digits were sent and kept).")
         try:
             self.handoff.reply(sid, name, text)
         except ValueError as e:
@@ -125,6 +136,9 @@ def inbox_panel() -> SimpleNamespace:
         with gr.Row():
             online = gr.Markdown(elem_id="inbox-online")
             refresh_btn = gr.Button("Refresh", size="sm", scale=0, elem_id="inbox-refresh")
+        find = gr.Textbox(label="Find a chat", placeholder="Words, an order number, a customer, a chat id · Enter "
+                          "finds · empty: the inbox", lines=1, max_lines=1, elem_id="inbox-find")
+        waiting = gr.Number(visible=False)  # how many chats wait: the tab's title shows it
         table = gr.Dataframe(headers=INBOX_COLUMNS, column_widths=INBOX_WIDTHS, interactive=False, wrap=True,
                              elem_id="inbox-table")
         pick = gr.Dropdown([], label="Chat", allow_custom_value=True, elem_id="inbox-pick")
@@ -142,10 +156,12 @@ def inbox_panel() -> SimpleNamespace:
 
 def wire_inbox(page: gr.Blocks, timer: gr.Timer, inbox: InboxHandlers, box: SimpleNamespace) -> None:
     private = dict(api_visibility="private")
-    listing = [box.table, box.pick, box.online]
-    page.load(inbox.rows, None, listing, **private)
-    timer.tick(inbox.rows, None, listing, show_progress="hidden", **private)
-    box.refresh_btn.click(inbox.rows, None, listing, **private)
+    listing = [box.table, box.pick, box.online, box.waiting]
+    for event in (page.load(inbox.rows, [box.find], listing, **private),
+                  timer.tick(inbox.rows, [box.find], listing, show_progress="hidden", **private),
+                  box.refresh_btn.click(inbox.rows, [box.find], listing, **private),
+                  box.find.submit(inbox.rows, [box.find], listing, **private)):
+        event.then(None, [box.waiting], None, js=TITLE_JS, **private)
     box.pick.input(inbox.open, [box.pick], [box.chat, box.state], **private)
     box.table.select(inbox.pick_row, None, [box.pick, box.chat, box.state], **private)
     timer.tick(inbox.open, [box.pick], [box.chat, box.state], show_progress="hidden", **private)

@@ -15,6 +15,7 @@ from server.limits import TooManyRequestsError
 from storage import StoreError, StoreUnavailable
 from ui import assistants
 from ui.assistants import CHAT_REPETITION_PENALTY
+from ui.cards import hide_cards
 from ui.chat import ReplyCut, chat_title, unnamed
 from ui.display import TYPING, event_index, plain_text, text_of
 from ui.i18n import Refusal, say, wants_person
@@ -65,15 +66,16 @@ class TurnHandlers:
                                      repetition_penalty=CHAT_REPETITION_PENALTY if penalty is None else penalty)
 
     def stage(self, text, history, sid=None):
-        """Browser only, unqueued: the message shows at once and the box clears; `send` follows. While
-        the chat's reply is still being written the text stays in the box, and `send` says why."""
+        """Browser only, unqueued: the message shows at once (a card number in it masked, as `send`
+        stores it) and the box clears; `send` follows. While the chat's reply is still being written
+        the text stays in the box, and `send` says why."""
         text = (text or "").strip()
         if not text:
             return gr.update(), gr.update(), ""
         if sid is not None and sid in self.service.busy:
             return gr.update(), gr.update(), text
-        return "", list(history or []) + [{"role": "user", "content": text_of({"role": "user", "content": text})},
-                                          TYPING], text
+        shown = {"role": "user", "content": text_of({"role": "user", "content": hide_cards(text)[0]})}
+        return "", list(history or []) + [shown, TYPING], text
 
     async def send(self, uid, sid, text, temp=None, p=None, max_new=None, penalty=None, request: gr.Request = None):
         """A turn. The sliders (temp .. penalty) are the demo page's inputs; the customer chat has none.
@@ -81,11 +83,14 @@ class TurnHandlers:
         for a refused message, which goes back into it. In the customer chat, a message asking for a
         person, or sent while the chat waits for one or is with one, is stored for the person and the
         model does not answer. The database is used from worker threads: a locked or missing one
-        refuses this turn (the text back in the box), never the event loop that serves everyone else."""
-        raw, text = text, (text or "").strip()
+        refuses this turn (the text back in the box), never the event loop that serves everyone else.
+        A card number is masked before anything sees it (ui/cards.py), and the customer is told."""
+        raw, (text, cards) = text, hide_cards((text or "").strip())
         if not text:
             yield gr.update(), gr.update()
             return
+        if cards:
+            gr.Info(say(request, "card_hidden"))
         try:
             uid, sid = await asyncio.to_thread(self.current, uid, sid, request)
             self.service.refuse_if_busy(sid, request.session_hash)  # before anything is stored

@@ -1,0 +1,73 @@
+"""How long customers' chats are kept (`--retention-days N`): a chat nobody has written to for N
+days is deleted with its messages (their text, token ids, tool results, sources and feedback), and
+so is a visitor left without chats. A sweep runs at start and every hour. Deleted rows are
+overwritten in the file (SQLite's secure_delete, on for every connection, so a chat a customer
+deletes goes the same way) and the write-ahead log is truncated after a sweep, so the text does not
+linger there either. The KV disk tier's files (`--kv-disk`, which hold the token ids of the blocks
+they cache) older than N days are deleted too; the engine treats a missing file as a miss, as it does
+when another process sharing the folder deletes one. Analytics lose the days they were computed
+from: what is kept is what is counted."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from storage.store import Store, StoreError
+
+DAY_S = 86400
+SWEEP_S = 3600
+log = logging.getLogger("pagedchat.retention")
+
+
+def purge(store: Store, days: float, now: float | None = None) -> dict[str, int]:
+    """Delete the chats untouched for `days`; how many chats, messages and visitors went."""
+    cutoff = (time.time() if now is None else now) - days * DAY_S
+    with store._db() as db:
+        old = "select id from sessions where updated < ?"
+        messages = db.execute(f"delete from messages where session_id in ({old})", [cutoff]).rowcount
+        sessions = db.execute("delete from sessions where updated < ?", [cutoff]).rowcount
+        users = db.execute("delete from users where created < ? and id not in (select user_id from sessions)",
+                           [cutoff]).rowcount
+    store.checkpoint()
+    return {"chats": sessions, "messages": messages, "visitors": users}
+
+
+def purge_kv_files(folder: str, days: float, now: float | None = None) -> int:
+    """Delete the KV disk tier's block files last written more than `days` ago; how many."""
+    cutoff, gone = (time.time() if now is None else now) - days * DAY_S, 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                if name.endswith(".kv") and os.stat(path).st_mtime < cutoff:
+                    os.unlink(path)
+                    gone += 1
+            except OSError:  # gone already (another process's sweep or its size bound)
+                continue
+    return gone
+
+
+def sweep(store: Store, days: float, kv_folder: str | None) -> None:
+    try:
+        counts = purge(store, days)
+        if kv_folder:
+            counts["KV disk files"] = purge_kv_files(kv_folder, days)
+    except StoreError as e:  # the database cannot be used now: the next sweep tries again
+        log.warning("retention: the sweep could not run: %s", e)
+        return
+    if any(counts.values()):
+        log.info("retention: deleted what was older than %g days: %s", days,
+                 ", ".join(f"{what}: {n}" for what, n in counts.items()))
+
+
+def start_sweeps(store: Store, days: float, kv_folder: str | None = None) -> threading.Thread:
+    """A daemon thread that sweeps now and every SWEEP_S seconds."""
+    def run() -> None:
+        while True:
+            sweep(store, days, kv_folder)
+            time.sleep(SWEEP_S)
+    thread = threading.Thread(target=run, name="retention", daemon=True)
+    thread.start()
+    return thread

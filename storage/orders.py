@@ -1,7 +1,13 @@
 """The shop's orders, which the built-in tool lookup_order reads. A new database gets sample orders
 (numbers as the default assistant's policies give them: NW and eight digits), so a new user can ask
-"Where is my order NW20481377?" and see it answered from data; a shop loads its own rows instead
-(`python -m storage.orders import orders.csv`)."""
+"Where is my order NW20481377? dana@example.com" and see it answered from data; a shop loads its own
+rows instead (`python -m storage.orders import orders.csv`).
+
+An order's details go to the model only once the customer has written, in the same chat, the e-mail
+address it was placed with: order numbers are sequential, so a number alone would let anyone read
+another customer's items and tracking. Without that address the model is told to ask for it, in the
+same words whether the number exists or not (no oracle for guessing numbers). An order stored without
+an e-mail address is told to anyone with its number (the shop's choice, by leaving the column out)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +15,7 @@ import csv
 import re
 
 ORDER_ID = re.compile(r"\b[A-Z]{2}-?\d{8}\b", re.I)  # any shop's two letters: a wrong prefix is looked up, not found
+EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 FIELDS = ("order_id", "email", "status", "items", "carrier", "tracking", "placed", "delivery")
 SAMPLE = [
     ("NW20481377", "dana@example.com", "shipped", "2-person tent (green)", "UPS", "1Z999AA10123456784", "2026-11-27",
@@ -40,16 +47,28 @@ def seed_sample(store) -> int:
 
 
 def lookup(store, order_id: str) -> dict | None:
-    """One order (without the customer's email), or None."""
+    """One order, its customer's e-mail address included, or None."""
     with store._db() as db:
         rows = list(db["orders"].rows_where("order_id = ?", [normalise(order_id)]))
-    return {k: v for k, v in rows[0].items() if k != "email" and v} if rows else None
+    return rows[0] if rows else None
 
 
-def describe(order: dict | None, order_id: str) -> str:
+def answer(store, order_id: str, said: str) -> str:
+    """What lookup_order tells the model about `order_id`, given all the customer has written in this
+    chat (`said`): the order, if they wrote the address it was placed with (or it has none)."""
+    number, order = normalise(order_id), lookup(store, order_id)
+    emails = {e.lower().rstrip(".") for e in EMAIL.findall(said or "")}
+    if order is not None and (not order.get("email") or order["email"].strip().lower() in emails):
+        return describe({k: v for k, v in order.items() if k != "email" and v})
+    if not emails:
+        return (f"Order {number} can be looked up once the customer gives the e-mail address it was placed with: "
+                "ask them for it.")
+    return (f"No order {number} was placed with the e-mail address the customer gave: ask them to check the order "
+            "number and the address.")
+
+
+def describe(order: dict) -> str:
     """An order as plain sentences: small models repeat these more faithfully than JSON."""
-    if order is None:
-        return f"There is no order {normalise(order_id)}. Ask the customer to check the number (NW and eight digits)."
     parts = [f"Order {order['order_id']} is {order['status']}."]
     if order.get("items"):
         parts.append(f"Items: {order['items']}.")

@@ -1,6 +1,7 @@
 """In Chromium, on the default model: a customer asks where their order is; the assistant calls
-lookup_order (triggered by the order number), the call and its result from the orders table show
-folded under the reply, and the reply is stored with them."""
+lookup_order (triggered by the order number), which tells nothing of the order until the customer
+gives the e-mail address it was placed with; their next message, the address, runs it again and the
+row from the orders table shows folded under the reply."""
 import os
 
 import pytest
@@ -31,12 +32,21 @@ def test_where_is_my_order_is_answered_from_the_orders_table(shop, chromium):  #
     page.locator("#msg textarea").click()
     page.keyboard.type("Where is my order NW20481377?")
     page.keyboard.press("Enter")
+    first = page.locator("#chatbot [data-testid='bot']").first
+    expect(first.locator("details summary")).to_contain_text("lookup_order")
+    expect(first.locator("details")).to_contain_text("once the customer gives the e-mail address")
+    expect(first.locator("sub")).to_have_count(1)  # stored: its time shows (a reply being written has none)
+    page.locator("#msg textarea").click()
+    page.keyboard.type("It is dana@example.com")
+    page.keyboard.press("Enter")
+    expect(page.locator("#chatbot [data-testid='bot']")).to_have_count(2)
     reply = page.locator("#chatbot [data-testid='bot']").last
     expect(reply.locator("details summary")).to_contain_text("lookup_order")
     expect(reply.locator("details")).to_contain_text("→ Order NW20481377 is shipped")  # the tool has run
     reply.locator("details summary").click()
     expect(reply.locator("details")).to_contain_text("1Z999AA10123456784")  # the row, from SQLite
     expect(reply.locator("details")).to_contain_text("NW20481377")
+    assert "1Z999AA10123456784" not in first.inner_text()
     assert "<tool_call>" not in reply.inner_text()
     if SCREENSHOT_DIR:
         page.screenshot(path=os.path.join(SCREENSHOT_DIR, "customer-order-lookup.png"))

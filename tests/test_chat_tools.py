@@ -14,7 +14,7 @@ from tests.fakes import FakeEngineClient, press_stop
 from ui import actions
 from ui.handlers import ChatHandlers
 
-ASK = "Where is my order NW20481377?"
+ASK = "Where is my order NW20481377? It is dana@example.com"  # the number and the address it was placed with
 CALL = call_text("lookup_order", {"order_id": "NW20481377"})
 ANSWER = " Your tent shipped with UPS and should arrive on December 4."
 
@@ -45,12 +45,14 @@ def test_an_order_number_calls_lookup_order_and_the_answer_comes_from_its_result
     uid, sid, updates = send(chat, ASK)
     first, second = fake.requests[-2:]
     tools = [t.tool for t in actions.chat_tools(actions.DEFAULT_TOOLS)]
-    assert first["params"].structured_outputs.grammar == ToolPlan(tools, "lookup_order", False).grammar
+    grammar = first["params"].structured_outputs.grammar
+    assert grammar == ToolPlan(actions.narrowed(tools, ASK), "lookup_order", False).grammar
+    assert '"order_id": {"enum": ["NW20481377"]}' in grammar  # only a number the customer wrote
     decode = fake.info.tokenizer.decode
     assert "lookup_order" in decode(first["prompt"])  # the tools are in the prompt
     assert second["prompt"][:len(first["prompt"])] == first["prompt"]  # the same prefix, then the call
     tail = decode(second["prompt"][len(first["prompt"]):])
-    assert tail.startswith(CALL) and "is shipped" in tail and "UPS" in tail and "dana@" not in tail
+    assert tail.startswith(CALL) and "is shipped" in tail and "UPS" in tail and "dana@" not in tail  # not the row's e-mail
     reply = chat.store.messages(uid, sid)[-1]
     assert reply["content"] == ANSWER and reply["finish_reason"] == "stop"
     (record,) = reply["tool_calls"]
@@ -68,17 +70,57 @@ def test_an_order_number_calls_lookup_order_and_the_answer_comes_from_its_result
 
 def test_an_unknown_order_is_a_result_the_model_reads(chat, fake):
     fake.next_replies = [call_text("lookup_order", {"order_id": "NW99999999"}), " I could not find that order."]
-    uid, sid, _ = send(chat, "Where is NW99999999?")
+    uid, sid, _ = send(chat, "Where is NW99999999? dana@example.com")
     record = chat.store.messages(uid, sid)[-1]["tool_calls"][0]
-    assert "no order NW99999999" in record["result"] and record["error"] is None
+    assert "No order NW99999999 was placed with the e-mail address" in record["result"] and record["error"] is None
 
 
 def test_a_number_with_another_shops_prefix_is_looked_up_and_not_found(chat, fake):
     fake.next_replies = [call_text("lookup_order", {"order_id": "VC-12345678"}), " I cannot find that order."]
-    uid, sid, _ = send(chat, "Where is my order VC-12345678?")
-    assert "lookup_order" in fake.requests[-2]["params"].structured_outputs.grammar.split("rest")[0] or True
+    uid, sid, _ = send(chat, "Where is my order VC-12345678? lee@example.com")
     record = chat.store.messages(uid, sid)[-1]["tool_calls"][0]
-    assert "no order VC12345678" in record["result"]
+    assert "No order VC12345678" in record["result"]
+
+
+def result_for(chat, fake, text: str, number: str, who: str) -> str:
+    fake.next_replies = [call_text("lookup_order", {"order_id": number}), " Let me check."]
+    uid, sid, _ = send(chat, text, who)
+    return chat.store.messages(uid, sid)[-1]["tool_calls"][0]["result"]
+
+
+def test_an_order_is_told_only_to_whoever_gives_its_e_mail_address(chat, fake):
+    """Order numbers are sequential: a number alone tells nothing, not even whether the order exists."""
+    real = result_for(chat, fake, "Where is NW20481378?", "NW20481378", "eve")
+    made_up = result_for(chat, fake, "Where is NW20481399?", "NW20481399", "mal")
+    assert "once the customer gives the e-mail address" in real and "processing" not in real
+    assert real.replace("NW20481378", "N") == made_up.replace("NW20481399", "N")  # the same words either way
+    wrong = result_for(chat, fake, "Where is NW20481378? I am dana@example.com", "NW20481378", "mal2")
+    assert "No order NW20481378 was placed with" in wrong and "Rain jacket" not in wrong
+    right = result_for(chat, fake, "Where is NW20481378? LEE@Example.com.", "NW20481378", "lee")
+    assert "is processing" in right and "Rain jacket" in right
+
+
+def test_the_address_given_after_the_number_looks_the_order_up(chat, fake):
+    """The customer answers the question for the address: that message runs lookup_order (required),
+    held by the grammar to the number they wrote before."""
+    fake.next_replies = [call_text("lookup_order", {"order_id": "NW20481377"}), " What is your e-mail address?"]
+    uid, sid, _ = send(chat, "Where is my order nw-20481377?")
+    assert "once the customer gives the e-mail address" in chat.store.messages(uid, sid)[-1]["tool_calls"][0]["result"]
+    fake.next_replies = [call_text("lookup_order", {"order_id": "NW20481377"}), " It shipped."]
+    send(chat, "sure, dana@example.com")
+    grammar = fake.requests[-2]["params"].structured_outputs.grammar
+    assert grammar.startswith('start: "<tool_call>"') and '{"enum": ["NW20481377"]}' in grammar
+    assert "is shipped" in chat.store.messages(uid, sid)[-1]["tool_calls"][0]["result"]
+    fake.next_replies = [" Noted."]
+    send(chat, "Please send the catalogue to dana@example.com", who="gil")  # no order number in this chat
+    tools = [t.tool for t in actions.chat_tools(actions.DEFAULT_TOOLS)]
+    assert fake.requests[-1]["params"].structured_outputs.grammar == ToolPlan(tools, "auto", False).grammar
+
+
+def test_an_order_stored_without_an_e_mail_address_is_told_by_its_number(chat, fake):
+    with chat.store._db() as db:
+        db["orders"].insert({"order_id": "NW55555555", "status": "shipped", "items": "Tent pegs"})
+    assert "Tent pegs" in result_for(chat, fake, "Where is NW55555555?", "NW55555555", "fay")
 
 
 def test_a_message_without_a_trigger_leaves_the_choice_to_the_model(chat, fake):

@@ -107,9 +107,26 @@ def chat_tools(entries: list[dict]) -> list[ChatTool]:
     return [ChatTool(_tool(e), re.compile(e["when"], re.I) if e.get("when") else None, e) for e in entries or []]
 
 
-def triggered(tools: list[ChatTool], text: str) -> ChatTool | None:
-    """The first tool whose `when` matches the customer's message."""
-    return next((t for t in tools if t.when is not None and t.when.search(text or "")), None)
+def triggered(tools: list[ChatTool], text: str, said: str = "") -> ChatTool | None:
+    """The first tool whose `when` matches the customer's message; or the built-in lookup_order when
+    the message gives an e-mail address and the customer wrote an order number in this chat (`said`:
+    all they wrote), which is how they answer its question for the address."""
+    hit = next((t for t in tools if t.when is not None and t.when.search(text or "")), None)
+    if hit is None and orders.EMAIL.search(text or "") and orders.ORDER_ID.search(said or ""):
+        hit = next((t for t in tools if t.config.get("builtin") == "lookup_order"), None)
+    return hit
+
+
+def narrowed(tools: list[Tool], said: str) -> list[Tool]:
+    """The tools as this turn's grammar holds the model to them: lookup_order's order_id one of the
+    order numbers the customer wrote in this chat (so the model cannot invent or mistype one), where
+    they wrote any. The prompt keeps the tools as they are, so its cached blocks stay the same."""
+    numbers = sorted({orders.normalise(n) for n in orders.ORDER_ID.findall(said or "")})
+    if not numbers:
+        return tools
+    schema = {"type": "object", "properties": {"order_id": {"enum": numbers}}, "required": ["order_id"],
+              "additionalProperties": False}
+    return [Tool(t.name, t.description, schema) if t is BUILTINS["lookup_order"] else t for t in tools]
 
 
 @dataclass
@@ -119,13 +136,14 @@ class ToolResult:
     seconds: float = 0.0
 
 
-def run(tool: ChatTool, arguments: str, store, handoff: Callable[[str], None]) -> ToolResult:
-    """Run one call; never raises. handoff(reason): the chat's own handoff to a person."""
+def run(tool: ChatTool, arguments: str, store, handoff: Callable[[str], None], said: str = "") -> ToolResult:
+    """Run one call; never raises. handoff(reason): the chat's own handoff to a person. said: all
+    the customer has written in this chat (lookup_order's proof of whose order it is)."""
     start = time.monotonic()
     try:
         args = json.loads(arguments)
         if "builtin" in tool.config:
-            text = _builtin(tool.name, args, store, handoff)
+            text = _builtin(tool.name, args, store, handoff, said)
         else:
             text = _http(tool.config, args)
         error = None
@@ -137,9 +155,9 @@ def run(tool: ChatTool, arguments: str, store, handoff: Callable[[str], None]) -
     return ToolResult(text, error, time.monotonic() - start)
 
 
-def _builtin(name: str, args: dict, store, handoff) -> str:
+def _builtin(name: str, args: dict, store, handoff, said: str) -> str:
     if name == "lookup_order":
-        return orders.describe(orders.lookup(store, args["order_id"]), args["order_id"])
+        return orders.answer(store, args["order_id"], said)
     handoff(str(args.get("reason") or ""))
     return "A person from the team has been asked to join this chat; tell the customer they will be with them shortly."
 

@@ -29,7 +29,7 @@ SAMPLING_KEYS = tuple(SAMPLING_RANGES)
 DEFAULT = {"name": "Sam, Northwind Outfitters support", "system_prompt": CUSTOMER_SERVICE_PROMPT,
            "greeting": "Hi, I'm Sam from Northwind Outfitters. How can I help you today?",
            "sampling": {"max_tokens": 256, "repetition_penalty": CHAT_REPETITION_PENALTY}, "model": "",
-           "quick_replies": ["Where is my order NW20481377?", "How do I return an item?", "주문 조회", "Talk to a person"],
+           "quick_replies": ["Where is my order NW20481377? My e-mail is dana@example.com", "How do I return an item?", "주문 조회", "Talk to a person"],
            "tools": actions.DEFAULT_TOOLS,
            "canned": {"/label": "I have emailed you a prepaid return label; drop the parcel at any post office "
                                 "within thirty days.",

@@ -184,9 +184,11 @@ class ChatService(TurnsInFlight):
         salt = f"user:{user}" if self.salt_by_user else None
         try:
             first = params
+            said = "\n".join(m["content"] for m in shown if m["role"] == "user")  # all the customer wrote
             if plan is not None:
-                tool = actions.triggered(tools, last_text)
-                first = with_grammar(params, ToolPlan(plan.tools, tool.name if tool else "auto", False).grammar)
+                tool = actions.triggered(tools, last_text, said)
+                grammar = ToolPlan(actions.narrowed(plan.tools, said), tool.name if tool else "auto", False).grammar
+                first = with_grammar(params, grammar)
             parser = ToolCallParser()
             async with contextlib.aclosing(self._generate(client, prompt_ids, first, tab, session_id, salt)) as stream:
                 async for out in stream:  # a reply without a call is stored as written, token for token
@@ -200,7 +202,7 @@ class ChatService(TurnsInFlight):
                           "text": reply.last.outputs[0].text}
                 yield render(shown + [in_flight(parser.content, [record], True)]), False
                 result = await asyncio.to_thread(actions.run, tool, call.arguments, self.store,
-                                                 lambda reason: self.on_handoff(session_id))
+                                                 lambda reason: self.on_handoff(session_id), said)
                 record.update(result=result.text, error=result.error)
                 messages = chat_messages(system, window + [{"role": "user", "content": last_text}]) + [
                     call_message([record])]

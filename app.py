@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--agent", action="append", default=[], metavar="NAME",
                    help="a person who answers chats handed over from the assistant (a login; repeatable): works the "
                         "inbox in /console, cannot switch models. Operators (--admin) can too")
+    p.add_argument("--public-chat", action="store_true",
+                   help="customers chat at /chat/<assistant> without a login (each browser a visitor, known by a "
+                        "signed cookie) while logins and API keys still guard the console, the demo page and /v1; "
+                        "without it, once any login or key exists, the chat asks for one too")
     p.add_argument("--frame-ancestors", nargs="*", default=[], metavar="ORIGIN",
                    help="sites that may embed the chat in an iframe (e.g. https://shop.example); default: none")
     p.add_argument("--knowledge", default=None, metavar="FOLDER",
@@ -151,7 +155,8 @@ def build_app(args: argparse.Namespace):
                      log_text=args.log_message_text, max_request_bytes=args.max_request_bytes,
                      private_metrics=args.private_metrics)
     api.state.settings.health_checks["storage"] = store.health
-    visitors = None if credentials.required else VisitorCookie(visitor_secret(args, store))
+    anonymous = args.public_chat or not credentials.required  # customers may chat without a login
+    visitors = VisitorCookie(visitor_secret(args, store)) if anonymous else None
     if visitors is not None:
         api.add_middleware(VisitorCookieMiddleware, cookie=visitors, embedded=bool(args.frame_ancestors))
     api.add_middleware(KnownAssistantsMiddleware, known=lambda slug: store.assistant(slug) is not None,
@@ -169,7 +174,8 @@ def build_app(args: argparse.Namespace):
     api.state.others = lambda: {c.info.name: c for c in fleet.others().values() if c.info is not None}
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted, fleet=fleet,
                                  staffed=bool(args.agent or credentials.operators))
-    app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N, **mount)
+    app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N,
+                              **{**mount, "auth": None if args.public_chat else mount["auth"]})
     downloads.add_route(app, store, credentials)  # before the console's mount, which would take the path
     console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials,
                             agents=frozenset(args.agent), fleet=fleet)

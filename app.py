@@ -24,6 +24,7 @@ from engine.client import EngineClient
 from engine.fleet import ModelFleet
 from engine.config import EngineConfig, add_engine_args, config_from_args, knobs
 from server.auth import Credentials, VisitorCookie, read_secret
+from server.customers import CustomerTokenMiddleware, CustomerTokens
 from server.middleware import VisitorCookieMiddleware
 from server.cli import add_server_args, credentials_from_args, limiter_from_args, serve
 from server.logs import setup_logging
@@ -62,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="customers chat at /chat/<assistant> without a login (each browser a visitor, known by a "
                         "signed cookie) while logins and API keys still guard the console, the demo page and /v1; "
                         "without it, once any login or key exists, the chat asks for one too")
+    p.add_argument("--customer-token-secret-file", default=None, metavar="PATH",
+                   help="the key (32+ characters) with which the shop's site signs (JWT, HS256) the customers it "
+                        "sends to the chat as /chat/<assistant>/?customer_token=...; implies --public-chat")
     p.add_argument("--frame-ancestors", nargs="*", default=[], metavar="ORIGIN",
                    help="sites that may embed the chat in an iframe (e.g. https://shop.example); default: none")
     p.add_argument("--knowledge", default=None, metavar="FOLDER",
@@ -155,10 +159,14 @@ def build_app(args: argparse.Namespace):
                      log_text=args.log_message_text, max_request_bytes=args.max_request_bytes,
                      private_metrics=args.private_metrics)
     api.state.settings.health_checks["storage"] = store.health
-    anonymous = args.public_chat or not credentials.required  # customers may chat without a login
+    customers = customer_tokens(args)
+    public = args.public_chat or customers is not None
+    anonymous = public or not credentials.required  # customers may chat without a login
     visitors = VisitorCookie(visitor_secret(args, store)) if anonymous else None
     if visitors is not None:
         api.add_middleware(VisitorCookieMiddleware, cookie=visitors, embedded=bool(args.frame_ancestors))
+    if customers is not None:
+        api.add_middleware(CustomerTokenMiddleware, tokens=customers, embedded=bool(args.frame_ancestors))
     api.add_middleware(KnownAssistantsMiddleware, known=lambda slug: store.assistant(slug) is not None,
                        default=assistants.DEFAULT_SLUG)
     api.add_middleware(FrameAncestorsMiddleware, origins=args.frame_ancestors)
@@ -173,9 +181,9 @@ def build_app(args: argparse.Namespace):
     api.state.settings.health_checks["models"] = fleet.problems
     api.state.others = lambda: {c.info.name: c for c in fleet.others().values() if c.info is not None}
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted, fleet=fleet,
-                                 staffed=bool(args.agent or credentials.operators))
+                                 staffed=bool(args.agent or credentials.operators), customers=customers)
     app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N,
-                              **{**mount, "auth": None if args.public_chat else mount["auth"]})
+                              **{**mount, "auth": None if public else mount["auth"]})
     downloads.add_route(app, store, credentials)  # before the console's mount, which would take the path
     console = build_console(client, store, models=models, quantization=config.quantization, credentials=credentials,
                             agents=frozenset(args.agent), fleet=fleet)
@@ -221,6 +229,16 @@ def linked(text: str) -> str:
     return "".join(html.escape(part) if i % 3 == 0 else
                    f"<a href='{html.escape(parts[i + 1], quote=True)}' rel='noopener'>{html.escape(part)}</a>"
                    if i % 3 == 1 else "" for i, part in enumerate(parts))
+
+
+def customer_tokens(args: argparse.Namespace) -> CustomerTokens | None:
+    """The checker of the shop's customer tokens, if the shop signs its customers in."""
+    if not args.customer_token_secret_file:
+        return None
+    secret = read_secret(args.customer_token_secret_file)
+    if not secret:
+        raise ValueError(f"--customer-token-secret-file: {args.customer_token_secret_file} is empty")
+    return CustomerTokens(secret)
 
 
 def visitor_secret(args: argparse.Namespace, store: Store) -> str:

@@ -14,7 +14,9 @@ STATES = ("assistant", "waiting", "agent")
 ONLINE_S = 120.0  # a console seen this recently is open (a background tab's timers tick about once a minute)
 
 
-LISTED = "s.id, s.user_id, s.title, s.assistant, s.state, s.agent, s.waiting_since, s.updated"
+LISTED = ("s.id, s.user_id, s.title, s.assistant, s.state, s.agent, s.waiting_since, s.updated, "
+          "(select u.name from users u where u.id = s.user_id) as name, "
+          "(select u.email from users u where u.id = s.user_id) as email")
 
 
 class Handoff:
@@ -121,8 +123,9 @@ class Handoff:
                 f"select {LISTED}, coalesce((select content from messages m where {holds} order by m.id desc limit 1), "
                 "(select content from messages m where m.session_id = s.id order by m.id desc limit 1)) as last "
                 f"from sessions s where s.id = ? or s.title like ? escape '\\' or s.user_id like ? escape '\\' "
+                "or s.user_id in (select id from users where email like ? escape '\\' or name like ? escape '\\') "
                 f"or exists (select 1 from messages m where {holds}) order by s.updated desc limit ?",
-                [like, words, like, like, like, limit]))
+                [like, words, like, like, like, like, like, limit]))
 
     def assistant_of(self, session_id: str) -> str | None:
         with self.store._db() as db:

@@ -93,8 +93,13 @@ def m009_presence(db: sqlite_utils.Database) -> None:
     db["presence"].create({"name": str, "seen": float}, pk="name")
 
 
+def m010_customer_email(db: sqlite_utils.Database) -> None:
+    """A customer the shop signed in (server/customers.py): their e-mail address, which lookup_order trusts."""
+    db["users"].add_column("email", str)
+
+
 MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff, m005_quick_replies_canned,
-              m006_analytics, m007_tools, m008_knowledge, m009_presence]
+              m006_analytics, m007_tools, m008_knowledge, m009_presence, m010_customer_email]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

@@ -106,9 +106,18 @@ class Store(AssistantVersions):
             return list(db["settings"].rows_where("key = ?", ["browser_secret"]))[0]["value"]
 
     # ---- users and sessions ---------------------------------------------------------------
-    def ensure_user(self, user_id: str, name: str | None = None) -> None:
+    def ensure_user(self, user_id: str, name: str | None = None, email: str | None = None) -> None:
+        """The user's row; a signed-in customer's name and e-mail address (server/customers.py) as
+        their shop last said."""
         with self._db() as db:
             db["users"].insert({"id": user_id, "name": name or user_id, "created": time.time()}, ignore=True)
+            if email is not None:
+                db.execute("update users set name = ?, email = ? where id = ?", [name or user_id, email, user_id])
+
+    def user_email(self, user_id: str) -> str:
+        with self._db() as db:
+            row = db.execute("select email from users where id = ?", [user_id]).fetchone()
+        return (row[0] or "") if row else ""
 
     def create_session(self, user_id: str, title: str = "New chat", system_prompt: str = "",
                        model: str = "", assistant: str | None = None, assistant_version: int | None = None) -> str:

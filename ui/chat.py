@@ -77,6 +77,7 @@ class Prepared:
     encode: object  # the grounding's encoder, or None
     grounding: object
     hosts: frozenset[str] | None = None  # the sites the assistant vouches for (ui/links.py; the customer chat)
+    email: str = ""  # a signed-in customer's e-mail address, as their shop gave it (server/customers.py)
 
 
 class ChatService(TurnsInFlight):
@@ -156,7 +157,7 @@ class ChatService(TurnsInFlight):
                 prompt_ids = build_prompt(info.tokenizer, system, history[:-1], last_user["content"], model,
                                           self._limit(info, params), plan, encode).token_ids
             return Prepared(prompt_ids, history, last_text, window, None, tools, plan, system, encode, grounding,
-                            self.hosts_for(session))
+                            self.hosts_for(session), self.store.user_email(user))
         prompt = build_prompt(info.tokenizer, system, history, text, model, self._limit(info, params), plan, encode)
         if len(prompt.token_ids) >= info.max_model_len:
             raise Refusal("too_long", tokens=len(prompt.token_ids), limit=info.max_model_len)
@@ -165,7 +166,8 @@ class ChatService(TurnsInFlight):
         if unnamed(session, history):
             self.store.update_session(user, session_id, title=chat_title(text))
         return Prepared(prompt.token_ids, self.store.messages(user, session_id), text, history[prompt.trimmed:],
-                        stored, tools, plan, system, encode, grounding, self.hosts_for(session))
+                        stored, tools, plan, system, encode, grounding, self.hosts_for(session),
+                        self.store.user_email(user))
 
     async def _turn(self, user, session_id, text, params, tab, regenerate, client: EngineClient):
         """The turn on `client`, the engine of the chat's model (engine.fleet)."""
@@ -184,7 +186,8 @@ class ChatService(TurnsInFlight):
         salt = f"user:{user}" if self.salt_by_user else None
         try:
             first = params
-            said = "\n".join(m["content"] for m in shown if m["role"] == "user")  # all the customer wrote
+            # all the customer wrote, and the address their shop signed them in with
+            said = "\n".join([m["content"] for m in shown if m["role"] == "user"] + [p.email])
             if plan is not None:
                 tool = actions.triggered(tools, last_text, said)
                 grammar = ToolPlan(actions.narrowed(plan.tools, said), tool.name if tool else "auto", False).grammar

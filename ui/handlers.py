@@ -16,6 +16,7 @@ import gradio as gr
 from engine.client import EngineClient
 from engine.fleet import ModelFleet
 from server.auth import VISITOR_COOKIE, VisitorCookie
+from server.customers import Customer, CustomerTokens, customer_in
 from server.limits import UserLimiter
 from storage.handoff import Handoff
 from storage.knowledge import Knowledge
@@ -35,15 +36,17 @@ DEMO_HINT = "Ask the support assistant anything."
 class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
     def __init__(self, client: EngineClient, store, visitors: VisitorCookie | None = None,
                  limiter: UserLimiter | None = None, salt_by_user: bool = False, demo: bool = True,
-                 fleet: ModelFleet | None = None, staffed: bool = True) -> None:
-        """visitors: checks the signed visitor cookie (None when everyone logs in). demo: the demo
+                 fleet: ModelFleet | None = None, staffed: bool = True, customers: CustomerTokens | None = None) -> None:
+        """visitors: checks the signed visitor cookie (None when everyone logs in). customers: checks
+        the cookie of a customer the shop signed in (server/customers.py; None without). demo: the demo
         page's handlers (a chat's own system prompt and sliders) rather than the customer chat's.
         fleet: the engines by model (an assistant may name its own); `client` is its main one.
         staffed: the deployment has agents or operators, so a customer may ask for a person."""
         self.client = client
         self.fleet = fleet or ModelFleet(client, {"": None})
         self.store = store
-        self.visitors = visitors
+        self.visitors, self.customers = visitors, customers
+        self.signed_in: set[Customer] = set()  # customers whose row says what their shop last said
         self.demo, self.staffed = demo, staffed
         self.display = display if demo else customer_display
         self.handoff = Handoff(store)
@@ -87,12 +90,19 @@ class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
 
     # ---- identity -----------------------------------------------------------------------
     def who(self, known: str | None, request: gr.Request) -> str:
-        """The login name if there is a login, else the visitor id in the server-signed cookie; a
-        client without either is known by its connection only."""
+        """The login name if there is a login, else the customer the shop signed in, else the visitor
+        id in the server-signed cookie; a client without any is known by its connection only."""
         name = getattr(request, "username", None)
         if name:
             return f"login:{name}"
         cookies = getattr(request, "cookies", None) or {}
+        customer = customer_in(cookies, self.customers)
+        if customer is not None:
+            uid = f"customer:{customer.id}"
+            if customer not in self.signed_in:
+                self.store.ensure_user(uid, customer.name or None, customer.email)
+                self.signed_in.add(customer)
+            return uid
         visitor = self.visitors.visitor(cookies.get(VISITOR_COOKIE)) if self.visitors else None
         if visitor:
             return f"visitor:{visitor}"

@@ -49,8 +49,9 @@ class InboxHandlers:
         now, rows = time.time(), []
         for r in listed:
             waiting = f"{(now - r['waiting_since']) / 60:.0f} min" if r["waiting_since"] else ""
+            who = f"{r['name']} <{r['email']}>" if r["email"] else r["user_id"]  # a customer the shop signed in
             rows.append([r["id"], STATE_WORDS[r["state"]], r["agent"] or "", waiting, r["assistant"] or "",
-                         r["user_id"], (r["last"] or "")[:80]])
+                         who, (r["last"] or "")[:80]])
         online = ", ".join(self.handoff.online())
         return (rows, gr.update(choices=[row[0] for row in rows]), f"Online now (a console open): {online}",
                 self.handoff.waiting())

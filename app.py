@@ -32,6 +32,7 @@ from storage import Store, StoreError
 from storage.documents import DocumentError
 from storage.knowledge import Knowledge
 from storage.retention import start_sweeps
+from ui.notify import HandoffWebhook, read_webhook
 
 log = logging.getLogger("pagedchat.app")
 
@@ -66,6 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--customer-token-secret-file", default=None, metavar="PATH",
                    help="the key (32+ characters) with which the shop's site signs (JWT, HS256) the customers it "
                         "sends to the chat as /chat/<assistant>/?customer_token=...; implies --public-chat")
+    p.add_argument("--handoff-webhook-file", default=None, metavar="PATH",
+                   help="a file holding an incoming-webhook URL (Slack, Mattermost, Discord, or your own) to which a "
+                        "JSON message is POSTed when a chat starts waiting for a person")
     p.add_argument("--frame-ancestors", nargs="*", default=[], metavar="ORIGIN",
                    help="sites that may embed the chat in an iframe (e.g. https://shop.example); default: none")
     p.add_argument("--knowledge", default=None, metavar="FOLDER",
@@ -181,7 +185,9 @@ def build_app(args: argparse.Namespace):
     api.state.settings.health_checks["models"] = fleet.problems
     api.state.others = lambda: {c.info.name: c for c in fleet.others().values() if c.info is not None}
     customer = build_customer_ui(client, store, limiter=limiter, visitors=visitors, salt_by_user=salted, fleet=fleet,
-                                 staffed=bool(args.agent or credentials.operators), customers=customers)
+                                 staffed=bool(args.agent or credentials.operators), customers=customers,
+                                 on_waiting=HandoffWebhook(read_webhook(args.handoff_webhook_file), store)
+                                 if args.handoff_webhook_file else None)
     app = gr.mount_gradio_app(api, customer, path="/chat/{assistant}", i18n=I18N,
                               **{**mount, "auth": None if public else mount["auth"]})
     downloads.add_route(app, store, credentials)  # before the console's mount, which would take the path

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Callable
 
 from storage.store import like_pattern
 
@@ -20,16 +21,20 @@ LISTED = ("s.id, s.user_id, s.title, s.assistant, s.state, s.agent, s.waiting_si
 
 
 class Handoff:
-    def __init__(self, store) -> None:
-        self.store = store
+    def __init__(self, store, on_waiting: Callable[[str], None] | None = None) -> None:
+        """on_waiting(session_id): called when a chat begins to wait (ui/notify.py tells the team)."""
+        self.store, self.on_waiting = store, on_waiting
 
     def ask(self, session_id: str) -> bool:
         """The customer asks for a person; False if the chat already waits or is with one."""
         with self.store._db() as db:
             now = time.time()
-            return db.conn.execute("update sessions set state = 'waiting', waiting_since = ?, agent = null, "
-                                   "handoff_at = coalesce(handoff_at, ?) where id = ? and state = 'assistant'",
-                                   [now, now, session_id]).rowcount == 1
+            asked = db.conn.execute("update sessions set state = 'waiting', waiting_since = ?, agent = null, "
+                                    "handoff_at = coalesce(handoff_at, ?) where id = ? and state = 'assistant'",
+                                    [now, now, session_id]).rowcount == 1
+        if asked and self.on_waiting is not None:
+            self.on_waiting(session_id)
+        return asked
 
     def cancel(self, session_id: str) -> bool:
         """The customer goes back to the assistant before a person took the chat; False if it did not wait."""

@@ -91,11 +91,13 @@ def start_process(argv: list[str], port: int | None = None) -> tuple[subprocess.
 
 @contextlib.contextmanager
 def local_site(answer):
-    """An HTTP server on 127.0.0.1 and a free port, in a thread, whose GETs `answer(handler)` writes
+    """An HTTP server on 127.0.0.1 and a free port, in a thread, whose GETs and POSTs `answer(handler)` writes
     (a shop's site, an HTTP tool); yields its base address."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             answer(self)
+
+        do_POST = do_GET
 
         def log_message(self, *args):
             pass

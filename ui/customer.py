@@ -18,13 +18,13 @@ from ui.layout import PRIVATE, chat_pane, chats_sidebar, wire_sessions, wire_tur
 
 def build_customer_ui(client: EngineClient, store, *, limiter: UserLimiter, visitors: VisitorCookie | None,
                       salt_by_user: bool = False, fleet: ModelFleet | None = None, staffed: bool = True,
-                      customers: CustomerTokens | None = None) -> gr.Blocks:
+                      customers: CustomerTokens | None = None, on_waiting=None) -> gr.Blocks:
     """The customer chat, served at /chat/<assistant>: the conversation and its buttons only. The
     assistant's prompt, sampling and model never reach this page, and none of its events takes them.
     Each chat is answered by the engine of its assistant's model (fleet; `client` is the main one).
     staffed: the deployment has agents or operators, so a customer may ask for a person."""
     chat = ChatHandlers(client, store, visitors, limiter, salt_by_user, demo=False, fleet=fleet, staffed=staffed,
-                        customers=customers)
+                        customers=customers, on_waiting=on_waiting)
     with gr.Blocks(title="Chat", analytics_enabled=False) as page:
         state = SimpleNamespace(user=gr.State(None), session=gr.State(None), rated=gr.State(None))
         side = chats_sidebar(text)

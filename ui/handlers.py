@@ -10,6 +10,7 @@ prompt and the sampling sliders are the visitor's."""
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 import gradio as gr
 
@@ -36,12 +37,14 @@ DEMO_HINT = "Ask the support assistant anything."
 class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
     def __init__(self, client: EngineClient, store, visitors: VisitorCookie | None = None,
                  limiter: UserLimiter | None = None, salt_by_user: bool = False, demo: bool = True,
-                 fleet: ModelFleet | None = None, staffed: bool = True, customers: CustomerTokens | None = None) -> None:
+                 fleet: ModelFleet | None = None, staffed: bool = True, customers: CustomerTokens | None = None,
+                 on_waiting: Callable[[str], None] | None = None) -> None:
         """visitors: checks the signed visitor cookie (None when everyone logs in). customers: checks
         the cookie of a customer the shop signed in (server/customers.py; None without). demo: the demo
         page's handlers (a chat's own system prompt and sliders) rather than the customer chat's.
         fleet: the engines by model (an assistant may name its own); `client` is its main one.
-        staffed: the deployment has agents or operators, so a customer may ask for a person."""
+        staffed: the deployment has agents or operators, so a customer may ask for a person.
+        on_waiting(session_id): a chat began to wait for a person (ui/notify.py tells the team)."""
         self.client = client
         self.fleet = fleet or ModelFleet(client, {"": None})
         self.store = store
@@ -49,7 +52,7 @@ class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
         self.signed_in: set[Customer] = set()  # customers whose row says what their shop last said
         self.demo, self.staffed = demo, staffed
         self.display = display if demo else customer_display
-        self.handoff = Handoff(store)
+        self.handoff = Handoff(store, on_waiting)
         self.knowledge = Knowledge(store)
         self.hosts: dict[tuple, frozenset[str]] = {}  # (assistant, version, its documents' stamp) -> hosts_of
         self.service = ChatService(client, store, limiter, salt_by_user, self.display, self.tools_of, self.handoff.ask,

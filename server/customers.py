@@ -98,14 +98,15 @@ REFUSED = {
 
 
 class CustomerTokenMiddleware:
-    """A request whose address carries `customer_token`: checked, turned into our cookie, and sent on
+    """A chat page's address carrying `customer_token`: checked, turned into our cookie, and sent on
     to the same address without it (303); a bad token is a 401 page saying why."""
 
     def __init__(self, app, tokens: CustomerTokens, embedded: bool = False) -> None:
         self.app, self.tokens, self.embedded = app, tokens, embedded
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or TOKEN_PARAM.encode() not in scope.get("query_string", b""):
+        if scope["type"] != "http" or not scope["path"].startswith("/chat/") \
+                or TOKEN_PARAM.encode() not in scope.get("query_string", b""):
             return await self.app(scope, receive, send)
         query = parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True)
         token = next((v for k, v in query if k == TOKEN_PARAM), None)

@@ -117,3 +117,7 @@ def test_an_expired_link_is_a_page_saying_so(shop, language, said):
     r = httpx.get(f"{shop.url}/chat/support/?customer_token={token(exp=time.time() - 3600)}",
                   headers={"Accept-Language": language})
     assert r.status_code == 401 and said in r.text and CUSTOMER_COOKIE not in r.cookies
+    huge = httpx.get(f"{shop.url}/chat/support/?customer_token={'x' * 20000}", headers={"Accept-Language": language})
+    assert huge.status_code == 401 and CUSTOMER_COOKIE not in huge.cookies
+    elsewhere = httpx.get(f"{shop.url}/health?customer_token={token()}")  # only the chat's pages take one
+    assert elsewhere.status_code == 200 and CUSTOMER_COOKIE not in elsewhere.cookies

@@ -1,4 +1,6 @@
-"""How long customers' chats are kept (`--retention-days N`): a chat nobody has written to for N
+"""How long customers' chats are kept, and a customer's right to see or erase theirs.
+
+`--retention-days N`: a chat nobody has written to for N
 days is deleted with its messages (their text, token ids, tool results, sources and feedback), and
 so is a visitor left without chats. A sweep runs at start and every hour. Deleted rows are
 overwritten in the file (SQLite's secure_delete, on for every connection, so a chat a customer
@@ -9,6 +11,7 @@ when another process sharing the folder deletes one. Analytics lose the days the
 from: what is kept is what is counted."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -32,6 +35,50 @@ def purge(store: Store, days: float, now: float | None = None) -> dict[str, int]
                            [cutoff]).rowcount
     store.checkpoint()
     return {"chats": sessions, "messages": messages, "visitors": users}
+
+
+def resolve(store: Store, who: str) -> str | None:
+    """The user id an operator means: one as the inbox shows it (`visitor:...`, `login:...`,
+    `customer:...`), or a signed-in customer's e-mail address."""
+    who = (who or "").strip()
+    with store._db() as db:
+        row = db.execute("select id from users where id = ? or (email != '' and email = lower(?)) order by id = ? desc",
+                         [who, who, who]).fetchone()
+    return row[0] if row else None
+
+
+def customer_data(store: Store, user_id: str) -> dict:
+    """Everything stored of one customer, for their access request."""
+    with store._db() as db:
+        user = db.execute("select id, name, email, created from users where id = ?", [user_id]).fetchone()
+        sessions = [dict(zip(("id", "title", "assistant", "created", "updated", "state"), r)) for r in db.execute(
+            "select id, title, assistant, created, updated, state from sessions where user_id = ? order by created",
+            [user_id])]
+        fields = ("role", "author", "content", "created", "model", "finish_reason", "tool_calls", "sources",
+                  "feedback", "feedback_comment")
+        for session in sessions:
+            session["messages"] = [_parsed(dict(zip(fields, r))) for r in db.execute(
+                f"select {', '.join(fields)} from messages where session_id = ? order by id", [session["id"]])]
+    return {"user": dict(zip(("id", "name", "email", "created"), user)) if user else {"id": user_id},
+            "chats": sessions}
+
+
+def _parsed(message: dict) -> dict:
+    for key in ("tool_calls", "sources"):  # stored as JSON text
+        if isinstance(message[key], str):
+            message[key] = json.loads(message[key])
+    return message
+
+
+def forget(store: Store, user_id: str) -> dict[str, int]:
+    """Erase one customer: their chats, messages and user row, overwritten in the file."""
+    with store._db() as db:
+        mine = "select id from sessions where user_id = ?"
+        messages = db.execute(f"delete from messages where session_id in ({mine})", [user_id]).rowcount
+        chats = db.execute("delete from sessions where user_id = ?", [user_id]).rowcount
+        db.execute("delete from users where id = ?", [user_id])
+    store.checkpoint()
+    return {"chats": chats, "messages": messages}
 
 
 def purge_kv_files(folder: str, days: float, now: float | None = None) -> int:

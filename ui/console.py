@@ -21,6 +21,7 @@ from storage.knowledge import Knowledge
 from ui import assistants, downloads
 from ui.grounding import DEFAULT_K
 from ui.inbox import InboxHandlers, inbox_panel, wire_inbox
+from ui.privacy import CustomerDataHandlers, customer_data_panel, wire_customer_data
 from ui.layout import PRIVATE, THEME_TOGGLE, engine_panel, operator_controls, wire_live, wire_operator
 from ui.operator import OperatorHandlers
 from ui.panel import PanelSampler
@@ -170,6 +171,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
                 with gr.Column(scale=3, min_width=360):
                     edit = assistants_editor(editor)
                     stats = analytics_panel()
+                    privacy = customer_data_panel()
                 with gr.Column(scale=2, min_width=320):
                     live = engine_panel()
                     ops = operator_controls(models, *operator.initial_choices(), visible=True)
@@ -196,6 +198,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         theme_btn.click(None, js=THEME_TOGGLE)
         wire_live(timer, sampler, model_line, live, allowed=operator.is_operator)
         wire_operator(operator, ops)
+        wire_customer_data(CustomerDataHandlers(store, operator), privacy)
         console.load(operator.in_force, None, [ops.model_dd, ops.quant_dd], **PRIVATE)
     return console
 

@@ -5,17 +5,19 @@ anyone logged in could fetch with the URL. The pages show plain links to this ro
 from __future__ import annotations
 
 import html
+import json
 
 import gradio as gr
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from server.auth import Credentials
-from storage import StoreUnavailable, analytics
+from storage import StoreUnavailable, analytics, retention
 from ui import transfer
 
 PREFIX = "/console/export"
-TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson; charset=utf-8"}
+TYPES = {"csv": "text/csv; charset=utf-8", "jsonl": "application/x-ndjson; charset=utf-8",
+         "json": "application/json; charset=utf-8"}
 
 
 def page_logins(app: FastAPI, request: Request) -> set[str]:
@@ -32,8 +34,11 @@ def page_logins(app: FastAPI, request: Request) -> set[str]:
     return names
 
 
-def body(store, name: str, days: int) -> str | None:
-    """The file `name`, made now; None if there is no such download."""
+def body(store, name: str, days: int, who: str = "") -> str | None:
+    """The file `name`, made now; None if there is no such download (or no such customer)."""
+    if name == "customer.json":  # an access request: everything stored of one customer
+        user = retention.resolve(store, who)
+        return json.dumps(retention.customer_data(store, user), ensure_ascii=False, indent=1) if user else None
     if name == "analytics.csv":
         return transfer.csv_text(analytics.COLUMNS, analytics.daily(store, days))
     rows = transfer.feedback_rows(store.rated_replies()) if name.startswith("feedback.") else None
@@ -47,7 +52,7 @@ def body(store, name: str, days: int) -> str | None:
 def add_route(app: FastAPI, store, credentials: Credentials) -> None:
     """GET /console/export/{name}?days=N. Add it before the console is mounted (the first route wins)."""
 
-    def download(name: str, request: Request, days: int = 30) -> Response:
+    def download(name: str, request: Request, days: int = 30, who: str = "") -> Response:
         asking = page_logins(app, request) | {credentials.key_name(request.headers.get("authorization"))}
         if not asking & set(credentials.operators):
             known = bool(asking - {None})
@@ -55,12 +60,13 @@ def add_route(app: FastAPI, store, credentials: Credentials) -> None:
                                      "name (--admin)." if known else "Log in to /console as an operator first.",
                                      status_code=403 if known else 401)
         try:
-            text = body(store, name, analytics.day_range(days))
+            text = body(store, name, analytics.day_range(days), who)
         except StoreUnavailable as e:
             return PlainTextResponse(f"The database cannot be read just now: {e}", status_code=503)
         if text is None:
-            return PlainTextResponse(f"No download named {name!r}: feedback.csv, feedback.jsonl or analytics.csv.",
-                                     status_code=404)
+            return PlainTextResponse(f"No customer {who!r}." if name == "customer.json" else
+                                     f"No download named {name!r}: feedback.csv, feedback.jsonl, analytics.csv or "
+                                     "customer.json?who=...", status_code=404)
         return Response(text, media_type=TYPES[name.rpartition(".")[2]],
                         headers={"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"})
 

@@ -31,6 +31,7 @@ from server.logs import setup_logging
 from storage import Store, StoreError
 from storage.documents import DocumentError
 from storage.knowledge import Knowledge
+from storage.background import repeat
 from storage.retention import start_sweeps
 from ui.notify import HandoffWebhook, read_webhook
 
@@ -78,20 +79,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retention-days", type=positive_days, default=None, metavar="DAYS",
                    help="delete chats nobody has written to for DAYS days (and the KV disk tier's files as old), "
                         "checked at start and hourly; default: keep them")
+    p.add_argument("--refresh-pages-hours", type=hours, default=24.0, metavar="H",
+                   help="fetch the knowledge pages added by their address again every H hours (0: never)")
     p.add_argument("--engine-url", default=None, metavar="URL",
                    help="UI tier only: use the OpenAI API of engine pods at URL (e.g. http://engine:8000/v1) "
                         "instead of an engine in this process (--model names the same model, for its tokenizer)")
     return p.parse_args(argv)
 
 
-def positive_days(value: str) -> float:
-    try:
-        days = float(value)
-    except ValueError:
-        days = float("nan")
-    if not 0 < days < 100_000:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of days above 0")
-    return days
+def log_lines(what: str, lines: list[str]) -> None:
+    for line in lines:
+        (log.warning if line.startswith("❌") else log.info)("%s: %s", what, line)
+
+
+def number_of(unit: str, zero_ok: bool):
+    """An argparse type: a number of `unit` up to 100 000, above 0 (or from 0 when zero_ok)."""
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            number = float("nan")
+        if not (0 <= number if zero_ok else 0 < number) or not number < 100_000:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number of {unit} "
+                                             f"{'(0: never)' if zero_ok else 'above 0'}")
+        return number
+    return parse
+
+
+positive_days, hours = number_of("days", zero_ok=False), number_of("hours", zero_ok=True)
 
 
 def make_client(config: EngineConfig, engine_url: str | None) -> EngineClient:
@@ -151,13 +166,15 @@ def build_app(args: argparse.Namespace):
             lines = Knowledge(store).add_folder(assistants.DEFAULT_SLUG, args.knowledge)
         except DocumentError as e:
             raise SystemExit(f"--knowledge: {e}") from None
-        for line in lines:
-            (log.warning if line.startswith("❌") else log.info)("knowledge: %s", line)
+        log_lines("knowledge", lines)
     credentials = credentials_from_args(args, args.auth_file)
     limiter = limiter_from_args(args, credentials)
     config = config_from_args(args)
     if args.retention_days:
         start_sweeps(store, args.retention_days, config.kv_disk)
+    if args.refresh_pages_hours:  # the shop's pages, fetched again so answers follow the site
+        every = args.refresh_pages_hours * 3600
+        repeat("refresh-pages", every, lambda: log_lines("knowledge", Knowledge(store).refresh_pages()), every)
     client = make_client(config, args.engine_url)
     api = create_app(client, credentials=credentials, limiter=limiter, served_model_name=args.served_model_name,
                      log_text=args.log_message_text, max_request_bytes=args.max_request_bytes,

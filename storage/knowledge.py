@@ -15,7 +15,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from storage.documents import MAX_FILE_BYTES, DocumentError, read_document, split
+from storage.documents import MAX_FILE_BYTES, DocumentError, fetch, read_document, split
 
 # Words too common to rank by (a trigram index otherwise matches "how" inside "however").
 STOPWORDS = frozenset("""the and how can you what when where why does did for are was with your have has this that
@@ -63,13 +63,17 @@ class Knowledge:
     def __init__(self, store) -> None:
         self.store = store
 
-    def add(self, assistant: str, name: str, data: bytes) -> str:
+    def add(self, assistant: str, name: str, data: bytes, source: str | None = None) -> str:
         """Index one document (replacing an older one of that name: a file's name, or a fetched page's
-        address as documents.fetch names it); returns what happened."""
+        address as documents.fetch names it; `source`: the address it was fetched from, which
+        refresh_pages fetches again); returns what happened."""
         digest = hashlib.sha256(data).hexdigest()
         with self.store._db() as db:
             old = list(db["documents"].rows_where("assistant = ? and name = ?", [assistant, name]))
         if old and old[0]["sha256"] == digest:
+            if source and old[0].get("source") != source:
+                with self.store._db() as db:
+                    db.execute("update documents set source = ? where id = ?", [source, old[0]["id"]])
             return f"{name}: unchanged"
         chunks = split(read_document(name, data))
         now = time.time()
@@ -78,7 +82,7 @@ class Knowledge:
                 self._delete(db, old[0]["id"])
             doc_id = db["documents"].insert({"assistant": assistant, "name": name, "sha256": digest,
                                              "chars": sum(len(t) for _, t in chunks), "created": now,
-                                             "updated": now}).last_pk
+                                             "updated": now, "source": source}).last_pk
             for i, (section, text) in enumerate(chunks):
                 chunk_id = db["chunks"].insert({"document_id": doc_id, "assistant": assistant, "ord": i,
                                                 "section": section, "text": text}).last_pk
@@ -99,6 +103,27 @@ class Knowledge:
                     lines.append(self.add(assistant, n, f.read(MAX_FILE_BYTES + 1)))
             except (DocumentError, OSError) as e:
                 lines.append(f"❌ {e}" if isinstance(e, DocumentError) else f"❌ {n}: {e}")
+        return lines
+
+    def add_page(self, assistant: str, url: str) -> str:
+        """A page of the shop's site, fetched now and indexed (again: updated); DocumentError if not."""
+        name, data = fetch(url)
+        return self.add(assistant, name, data, source=url.strip())
+
+    def refresh_pages(self, assistant: str | None = None) -> list[str]:
+        """Every fetched page (of one assistant, or all) fetched again: a changed one is indexed again,
+        a page that cannot be fetched now keeps its last text. One line per page."""
+        where, args = ("source is not null", []) if assistant is None else ("source is not null and assistant = ?",
+                                                                          [assistant])
+        with self.store._db() as db:
+            pages = [(r[0], r[1]) for r in db.execute(f"select assistant, source from documents where {where} "
+                                                      "order by assistant, name", args)]
+        lines = []
+        for slug, url in pages:
+            try:
+                lines.append(f"{slug}: {self.add_page(slug, url)}")
+            except DocumentError as e:
+                lines.append(f"❌ {slug}: {e} (its last text stays)")
         return lines
 
     def remove(self, assistant: str, name: str) -> bool:

@@ -98,8 +98,13 @@ def m010_customer_email(db: sqlite_utils.Database) -> None:
     db["users"].add_column("email", str)
 
 
+def m011_document_source(db: sqlite_utils.Database) -> None:
+    """A document fetched from the shop's site: its address, so it can be fetched again."""
+    db["documents"].add_column("source", str)
+
+
 MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff, m005_quick_replies_canned,
-              m006_analytics, m007_tools, m008_knowledge, m009_presence, m010_customer_email]
+              m006_analytics, m007_tools, m008_knowledge, m009_presence, m010_customer_email, m011_document_source]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 
+from storage.background import repeat
 from storage.store import Store, StoreError
 
 DAY_S = 86400
@@ -111,10 +112,4 @@ def sweep(store: Store, days: float, kv_folder: str | None) -> None:
 
 def start_sweeps(store: Store, days: float, kv_folder: str | None = None) -> threading.Thread:
     """A daemon thread that sweeps now and every SWEEP_S seconds."""
-    def run() -> None:
-        while True:
-            sweep(store, days, kv_folder)
-            time.sleep(SWEEP_S)
-    thread = threading.Thread(target=run, name="retention", daemon=True)
-    thread.start()
-    return thread
+    return repeat("retention", SWEEP_S, lambda: sweep(store, days, kv_folder))

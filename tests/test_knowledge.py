@@ -361,3 +361,49 @@ def test_a_page_of_the_shops_site_is_fetched_and_indexed_by_its_address(site, tm
     assert [row[0] for row in editor.documents("support")] == ["127.0.0.1/help/returns.html"]  # nothing else changed
     with pytest.raises(gr.Error):
         editor.add_page("support", f"{site}/policy.pdf", tab("cara"))
+
+
+def test_fetched_pages_are_fetched_again_and_follow_the_site(tmp_path, smol_tokenizer):
+    """The shop changes a page: fetching its pages again (the console's button, --refresh-pages-hours)
+    indexes the new text; a page that cannot be fetched now keeps its last text; uploaded files stay."""
+    from tests.serving import local_site
+    from ui.console import AssistantEditor
+    from ui.operator import OperatorHandlers
+
+    served = {"/hours": b"<h1>Hours</h1><p>We open at nine.</p>", "/ship": b"<h1>Shipping</h1><p>Five days.</p>"}
+    asked = []
+
+    def answer(request):
+        asked.append(request.path)
+        body = served.get(request.path.partition("?")[0])
+        request.send_response(200 if body else 404)
+        request.send_header("Content-Type", "text/html; charset=utf-8")
+        request.end_headers()
+        request.wfile.write(body or b"gone")
+    store = Store(str(tmp_path / "c.db"))
+    ChatHandlers(FakeEngineClient(smol_tokenizer), store, demo=False)
+    editor = AssistantEditor(store, OperatorHandlers(FakeEngineClient(smol_tokenizer), store, {"m": None}, None,
+                                                     {"olga"}))
+    knowledge = editor.knowledge
+    knowledge.add("support", "faq.md", b"# FAQ\nTents are green.")
+    with local_site(answer) as site:
+        for path in ("/hours", "/ship"):
+            assert editor.add_page("support", f"{site}{path}?lang=en", tab("olga"))[0].startswith("✅")
+        served["/hours"] = b"<h1>Hours</h1><p>We open at ten from Monday.</p>"
+        del served["/ship"]
+        status, table = editor.refresh_pages("support", tab("olga"))
+        lines = status.splitlines()
+        assert lines[0] == "- support: 127.0.0.1/hours.html: re-indexed, 1 chunks"
+        assert asked[-2:] == ["/hours?lang=en", "/ship?lang=en"]  # fetched again by its whole address
+        assert lines[1].startswith("- ❌ support:") and "404" in lines[1] and "its last text stays" in lines[1]
+        assert len(lines) == 2 and sorted(row[0] for row in table) == ["127.0.0.1/hours.html", "127.0.0.1/ship.html",
+                                                                        "faq.md"]
+        assert "ten from Monday" in knowledge.search("support", "open Monday")[0].text
+        assert knowledge.search("support", "Five days")  # the page that failed keeps its last text
+        served["/ship"] = b"<h1>Shipping</h1><p>Five days.</p>"
+        assert knowledge.refresh_pages() == ["support: 127.0.0.1/hours.html: unchanged",
+                                             "support: 127.0.0.1/ship.html: unchanged"]  # every assistant's
+    import gradio as gr
+
+    with pytest.raises(gr.Error):
+        editor.refresh_pages("support", tab("cara"))

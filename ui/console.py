@@ -15,7 +15,7 @@ import pandas as pd
 from engine.client import EngineClient
 from engine.fleet import ModelFleet
 from server.auth import Credentials
-from storage import analytics, documents
+from storage import analytics
 from storage.documents import KINDS, MAX_FILE_BYTES, DocumentError
 from storage.knowledge import Knowledge
 from ui import assistants, downloads
@@ -82,10 +82,19 @@ class AssistantEditor:
         if not slug or self.store.assistant(slug) is None:
             return "❌ Save the assistant first, then add its documents.", gr.update()
         try:
-            line = "✅ " + self.knowledge.add(slug, *documents.fetch(url))
+            line = "✅ " + self.knowledge.add_page(slug, url)
         except DocumentError as e:
             line = f"❌ {e}"
         return line, self.documents(slug)
+
+    def refresh_pages(self, slug, request: gr.Request):
+        """The assistant's fetched pages, fetched again now (as --refresh-pages-hours does)."""
+        self.operator._check(request)
+        if not slug or self.store.assistant(slug) is None:
+            return "❌ Save the assistant first, then add its documents.", gr.update()
+        lines = self.knowledge.refresh_pages(slug)
+        return "\n".join(f"- {line}" for line in lines) or "This assistant has no pages fetched by address.", \
+            self.documents(slug)
 
     def remove(self, slug, name, request: gr.Request):
         self.operator._check(request)
@@ -190,6 +199,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         edit.upload.upload(editor.upload, [edit.slug, edit.upload], [edit.knowledge_status, edit.documents], **PRIVATE)
         for trigger in (edit.fetch_btn.click, edit.page_url.submit):
             trigger(editor.add_page, [edit.slug, edit.page_url], [edit.knowledge_status, edit.documents], **PRIVATE)
+        edit.refetch_btn.click(editor.refresh_pages, [edit.slug], [edit.knowledge_status, edit.documents], **PRIVATE)
         edit.remove_btn.click(editor.remove, [edit.slug, edit.remove_name], [edit.knowledge_status, edit.documents],
                               **PRIVATE)
         edit.save_btn.click(editor.save, fields, [edit.status, edit.pick, edit.versions], **PRIVATE)
@@ -248,9 +258,11 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
         upload = gr.File(file_count="multiple", file_types=list(KINDS), label="Add documents",
                          elem_id="knowledge-upload")
         with gr.Row():
-            page_url = gr.Textbox(label="Or a page of your site, by its address (fetch it again to update it)",
-                                  placeholder="https://", elem_id="knowledge-url", scale=3)
-            fetch_btn = gr.Button("Fetch and index", elem_id="knowledge-fetch", scale=1)
+            page_url = gr.Textbox(label="Or a page of your site, by its address (fetched again every day, "
+                                        "--refresh-pages-hours)", placeholder="https://", elem_id="knowledge-url", scale=3)
+            with gr.Column(scale=1, min_width=160):
+                fetch_btn = gr.Button("Fetch and index", elem_id="knowledge-fetch")
+                refetch_btn = gr.Button("Fetch all its pages again", size="sm", elem_id="knowledge-refetch")
         knowledge_status = gr.Markdown(elem_id="knowledge-status")
         documents = gr.Dataframe(headers=["document", "chunks", "characters", "updated"], interactive=False,
                                  elem_id="knowledge-documents")

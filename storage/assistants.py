@@ -11,6 +11,7 @@ class AssistantVersions:
     def save_assistant(self, slug: str, fields: dict, by: str) -> int:
         """A new version of assistant `slug` (its first if new); returns the version number."""
         row = {k: fields[k] for k in ("name", "system_prompt", "greeting", "model")}
+        row["hours"] = fields.get("hours") or ""
         row.update({k: json.dumps(fields.get(k) or ([] if k in ("quick_replies", "tools") else {}), ensure_ascii=False)
                     for k in ("sampling", "quick_replies", "canned", "tools", "knowledge")})
         with self._db() as db:
@@ -47,4 +48,5 @@ def _assistant_row(row: dict) -> dict:
     row["canned"] = json.loads(row.get("canned") or "{}")
     row["tools"] = json.loads(row.get("tools") or "[]")
     row["knowledge"] = json.loads(row.get("knowledge") or "{}")
+    row["hours"] = row.get("hours") or ""
     return row

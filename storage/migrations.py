@@ -103,8 +103,14 @@ def m011_document_source(db: sqlite_utils.Database) -> None:
     db["documents"].add_column("source", str)
 
 
+def m012_team_hours(db: sqlite_utils.Database) -> None:
+    """Per assistant version: when its team answers chats handed to a person (ui/hours.py's text)."""
+    db["assistant_versions"].add_column("hours", str)
+
+
 MIGRATIONS = [m001_initial, m002_feedback_branches_trims, m003_assistants, m004_handoff, m005_quick_replies_canned,
-              m006_analytics, m007_tools, m008_knowledge, m009_presence, m010_customer_email, m011_document_source]
+              m006_analytics, m007_tools, m008_knowledge, m009_presence, m010_customer_email, m011_document_source,
+              m012_team_hours]
 
 
 def migrate(db: sqlite_utils.Database) -> list[str]:

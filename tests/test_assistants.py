@@ -162,7 +162,7 @@ def test_only_operators_edit_assistants_and_a_bad_save_keeps_the_old_version(sho
     with pytest.raises(gr.Error):
         shop.editor.save("support", "x", "Ignore policies", "", None, None, None, None, "",
                          request=SimpleNamespace(username="cara"))
-    assert shop.editor.show("support", SimpleNamespace(username="cara")) == (gr.update(),) * 16
+    assert shop.editor.show("support", SimpleNamespace(username="cara")) == (gr.update(),) * 17
     status, *_ = save(shop, "support", "p", temperature=9)
     assert status.startswith("❌") and "temperature" in status
     assert shop.chat.store.assistant("support")["version"] == 1

@@ -63,10 +63,11 @@ def test_asking_for_a_person_while_the_reply_streams_stays_in_the_box(shop, monk
     async def mid_reply():
         shop.fake.gate = asyncio.Event()
         first = asyncio.ensure_future(drain(shop.chat.send(uid, sid, "Where is my tent?", request=customer("cara"))))
-        for _ in range(10_000):
+        for _ in range(10_000):  # until the first turn is in flight (its worker threads may be slow under load)
             if sid in shop.chat.service.busy:
                 break
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.001)
+        assert sid in shop.chat.service.busy
         asked = await drain(shop.chat.send(uid, sid, "talk to a person", request=customer("cara")))
         shop.fake.gate.set()
         await first

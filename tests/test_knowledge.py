@@ -280,7 +280,7 @@ def test_the_console_uploads_documents_for_operators_only(tmp_path, smol_tokeniz
     status, table = editor.upload("support", [str(good), str(locked)], tab("olga"))
     assert "✅ returns.md: indexed, 3 chunks" in status and "❌ locked.pdf: the PDF is encrypted" in status
     assert [row[0] for row in table] == ["returns.md"]
-    assert editor.show("support", tab("olga"))[14] == table
+    assert editor.show("support", tab("olga"))[15] == table
     with pytest.raises(gr.Error):
         editor.upload("support", [str(good)], tab("cara"))
     status, table = editor.remove("support", "returns.md", tab("olga"))

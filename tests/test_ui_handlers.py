@@ -447,10 +447,11 @@ def test_while_a_reply_streams_nothing_else_starts_or_changes_the_chat(chat, fak
         fake.gate = asyncio.Event()
         first = asyncio.ensure_future(drain(chat.send(uid, sid, "From tab one", 0.0, 1.0, 64,
                                                       request=tab("alice", "tab-1"))))
-        for _ in range(10_000):
+        for _ in range(10_000):  # until the first turn is in flight (its worker threads may be slow under load)
             if sid in chat.service.busy:
                 break
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.001)
+        assert sid in chat.service.busy
         staged = chat.stage("Again from tab one", [], sid)
         same = await drain(chat.send(uid, sid, "Again from tab one", 0.0, 1.0, 64, request=tab("alice", "tab-1")))
         regenerated = await drain(chat.regenerate(uid, sid, 0.0, 1.0, 64, request=tab("alice", "tab-1")))

@@ -9,7 +9,7 @@ import re
 from engine.errors import ParameterError
 from engine.sampling_params import SamplingParams
 from storage import orders
-from ui import actions
+from ui import actions, hours
 from ui.grounding import DEFAULT_K
 from ui.simulate import CUSTOMER_SERVICE_PROMPT
 
@@ -68,7 +68,14 @@ def check(slug: str, fields: dict) -> dict:
     return {"name": name, "system_prompt": prompt, "greeting": greeting, "sampling": sampling,
             "model": str(fields.get("model") or ""), "quick_replies": _quick_replies(fields.get("quick_replies")),
             "canned": _canned(fields.get("canned")), "tools": actions.check(fields.get("tools")),
-            "knowledge": _knowledge(fields.get("knowledge"))}
+            "knowledge": _knowledge(fields.get("knowledge")), "hours": _hours(fields.get("hours"))}
+
+
+def _hours(text) -> str:
+    """The team hours as written, once they parse (ui/hours.py); "" for none."""
+    text = str(text or "").strip()
+    hours.parse(text)
+    return text
 
 
 def _knowledge(settings) -> dict:

@@ -44,19 +44,21 @@ class AssistantEditor:
 
     def show(self, slug: str, request: gr.Request):
         """(address, name, prompt, greeting, temperature, top_p, max tokens, penalty, model, quick
-        replies, canned responses, tools, versions); nothing for anyone but an operator."""
+        replies, canned responses, tools, k, least relevance, team hours, documents, versions); nothing
+        for anyone but an operator."""
         if not self.operator.is_operator(request):
-            return (gr.update(),) * 16
+            return (gr.update(),) * 17
         a = self.store.assistant(slug) if slug and slug != NEW else None
         if a is None:
-            return ("", "", "", "", None, None, None, None, "", "", "", "[]", DEFAULT_K, 0.0, [],
+            return ("", "", "", "", None, None, None, None, "", "", "", "[]", DEFAULT_K, 0.0, "", [],
                     self.versions(request))
         s, k = a["sampling"], a["knowledge"]
         return (a["assistant"], a["name"], a["system_prompt"], a["greeting"], s.get("temperature"), s.get("top_p"),
                 s.get("max_tokens"), s.get("repetition_penalty"),
                 a["model"] if a["model"] in self.fleet.choices() else "", "\n".join(a["quick_replies"]),
                 assistants.format_canned(a["canned"]), json.dumps(a["tools"], indent=1, ensure_ascii=False),
-                k.get("k", DEFAULT_K), k.get("min_score", 0.0), self.documents(a["assistant"]), self.versions(request))
+                k.get("k", DEFAULT_K), k.get("min_score", 0.0), a["hours"], self.documents(a["assistant"]),
+                self.versions(request))
 
     def documents(self, slug: str) -> list[list]:
         return [[d["name"], d["chunks"], d["chars"], time.strftime("%Y-%m-%d %H:%M", time.localtime(d["updated"]))]
@@ -102,7 +104,7 @@ class AssistantEditor:
         return (f"Removed {name}." if done else f"❌ {slug} has no document {name!r}."), self.documents(slug)
 
     def save(self, slug, name, prompt, greeting, temperature, top_p, max_tokens, penalty, model, quick="",
-             canned="", tools="[]", k=DEFAULT_K, min_score=0.0, request: gr.Request = None):
+             canned="", tools="[]", k=DEFAULT_K, min_score=0.0, team_hours="", request: gr.Request = None):
         """A new version; new chats take it, chats already started keep theirs."""
         self.operator._check(request)
         slug = (slug or "").strip()
@@ -111,7 +113,8 @@ class AssistantEditor:
                       "sampling": {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
                                    "repetition_penalty": penalty},
                       "quick_replies": (quick or "").splitlines(), "canned": assistants.parse_canned(canned),
-                      "tools": tools, "knowledge": {"k": None if k is None else int(k), "min_score": min_score}}
+                      "tools": tools, "knowledge": {"k": None if k is None else int(k), "min_score": min_score},
+                      "hours": team_hours}
             self.fleet.check(model or "")
             version = assistants.save(self.store, slug, fields, getattr(request, "username", None) or "operator")
         except ValueError as e:
@@ -193,7 +196,7 @@ def build_console(client: EngineClient, store, *, models: dict[str, str | None],
         console.load(face, None, [refused, agent_body, body], **PRIVATE)
         wire_inbox(console, inbox_timer, inbox, box)
         fields = [edit.slug, edit.name, edit.prompt, edit.greeting, edit.temperature, edit.top_p, edit.max_tokens,
-                  edit.penalty, edit.model, edit.quick, edit.canned, edit.tools, edit.k, edit.min_score]
+                  edit.penalty, edit.model, edit.quick, edit.canned, edit.tools, edit.k, edit.min_score, edit.hours]
         console.load(editor.show, [edit.pick], [*fields, edit.documents, edit.versions], **PRIVATE)
         edit.pick.input(editor.show, [edit.pick], [*fields, edit.documents, edit.versions], **PRIVATE)
         edit.upload.upload(editor.upload, [edit.slug, edit.upload], [edit.knowledge_status, edit.documents], **PRIVATE)
@@ -241,6 +244,9 @@ def assistants_editor(editor: AssistantEditor) -> SimpleNamespace:
                            lines=3, elem_id="assistant-quick")
         canned = gr.Textbox(label="Canned responses for agents, `/shortcut: the response` per line", lines=4,
                             elem_id="assistant-canned")
+        hours = gr.Textbox(label="Team hours, when people answer chats handed to them (empty: whenever a console is "
+                           "open)", placeholder="Mon-Fri 09:00-17:00; Sat 10:00-14:00; Europe/Berlin",
+                           elem_id="assistant-hours")
         tools = gr.Code("[]", language="json", label="Tools (JSON): built-ins {\"builtin\": \"lookup_order\" | "
                         "\"handoff\", \"when\": regex}, or HTTP {\"name\", \"description\", \"url\", \"method\", "
                         "\"parameters\", \"timeout_s\", \"secret_file\", \"secret_header\", \"when\"}",

@@ -104,6 +104,8 @@ class ChatHandlers(TurnHandlers, PersonHandlers, FileHandlers):
             uid = f"customer:{customer.id}"
             if customer not in self.signed_in:
                 self.store.ensure_user(uid, customer.name or None, customer.email)
+                if len(self.signed_in) >= 10_000:
+                    self.signed_in.clear()
                 self.signed_in.add(customer)
             return uid
         visitor = self.visitors.visitor(cookies.get(VISITOR_COOKIE)) if self.visitors else None

@@ -45,6 +45,9 @@ SAID = {
         "waiting_offline": "No one from our team is online right now. Your chat waits in line (number {place}) "
                            "and a person answers here when they are back; the assistant does not answer "
                            "meanwhile. You can go back to the assistant instead.",
+        "waiting_closed": "Our team answers chats {hours}, so no one is here right now. Your chat waits in line "
+                          "(number {place}) and a person answers here from {next}; the assistant does not answer "
+                          "meanwhile. You can go back to the assistant instead.",
         "with_agent": "You are chatting with **{agent}**, a person from our team.",
         "person_busy": "A person is looking after this chat: the assistant does not answer until they hand it back.",
         "no_edit_with_person": "A person is looking after this chat: send a new message instead of editing.",
@@ -86,6 +89,9 @@ SAID = {
         "waiting_offline": "지금은 연결 가능한 상담원이 없습니다. 대화는 대기 순서 {place}번으로 남아 있고, 상담원이 "
                            "돌아오면 여기에서 답변드립니다. 그동안 어시스턴트는 답하지 않으며, 대신 어시스턴트와 계속 "
                            "대화할 수도 있습니다.",
+        "waiting_closed": "상담원 운영 시간은 {hours}이라 지금은 상담원이 없습니다. 대화는 대기열({place}번째)에 남아 "
+                          "있고 {next}부터 상담원이 이곳에서 답변합니다. 그동안 어시스턴트는 답하지 않습니다. 대신 "
+                          "어시스턴트와 계속 대화할 수도 있습니다.",
         "with_agent": "지금 상담원 **{agent}** 님과 대화 중입니다.",
         "person_busy": "상담원이 이 대화를 맡고 있습니다. 상담원이 넘겨줄 때까지 어시스턴트는 답하지 않습니다.",
         "no_edit_with_person": "상담원이 이 대화를 맡고 있습니다. 수정 대신 새 메시지를 보내 주세요.",

@@ -2,13 +2,16 @@
 line (place in line, whether anyone of the team is online, who is answering), "back to the
 assistant" while the chat waits, and the poll that shows a person's replies in the open tab. A
 deployment with no agents or operators (`staffed` False) offers no person: the assistant answers.
-Mixed into ChatHandlers (ui/handlers.py), whose current(), store, handoff, staffed and shown() it
-uses."""
+Mixed into ChatHandlers (ui/handlers.py), whose current(), store, handoff, staffed, shown() and
+version_of() it uses. Outside the assistant's team hours (ui/hours.py) the line says them."""
 from __future__ import annotations
+
+import time
 
 import gradio as gr
 
-from ui.i18n import say
+from ui import hours
+from ui.i18n import language, say
 
 
 class PersonHandlers:
@@ -32,13 +35,23 @@ class PersonHandlers:
         uid, sid = self.current(uid, sid, request)
         s = self.handoff.state(sid) if self.staffed else {"state": "assistant"}
         if s["state"] == "waiting":
-            line = say(request, "waiting" if self.handoff.online() else "waiting_offline", place=s["place"])
+            line = self._waiting_line(uid, sid, s["place"], request)
         elif s["state"] == "agent":
             line = say(request, "with_agent", agent=s["agent"])
         else:
             line = ""
         return (gr.update(value=line, visible=bool(line)), gr.Timer(active=s["state"] != "assistant"),
                 gr.update(visible=self.staffed and s["state"] == "assistant"), gr.update(visible=s["state"] == "waiting"))
+
+    def _waiting_line(self, uid, sid, place: int, request: gr.Request) -> str:
+        """Outside the assistant's team hours: the hours and when the team is next in; else whether
+        anyone of the team has a console open."""
+        team = hours.parse((self.version_of(self.store.session(uid, sid) or {}) or {}).get("hours"))
+        now = time.time()
+        if team is not None and not team.open_at(now):
+            lang = language(request)
+            return say(request, "waiting_closed", place=place, hours=team.describe(lang), next=team.when(now, lang))
+        return say(request, "waiting" if self.handoff.online() else "waiting_offline", place=place)
 
     def poll(self, uid, sid, seen, request: gr.Request):
         """Each second while a person is involved: (chatbot, *person_status, seen), the chatbot only

@@ -13,7 +13,8 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from engine.errors import ParameterError
 from engine.tool_calls import ToolCall, read_reply
-from server.protocol import ChatCompletionRequest, UnicodeBody, joined_text, string_field
+from server.content import joined_text, string_field
+from server.protocol import ChatCompletionRequest, UnicodeBody
 
 CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 TEXT = {"text": "text"}  # text blocks, joined by newlines (each block is a paragraph of its own)

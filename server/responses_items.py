@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import ParameterError
 from engine.tool_calls import ToolCall
-from server.protocol import ChatCompletionRequest, ResponseFormat, SamplingFields, joined_text, string_field
+from server.content import joined_text, string_field
+from server.protocol import ChatCompletionRequest, ResponseFormat, SamplingFields
 
 TEXT_PARTS = {"input_text": "text", "output_text": "text", "text": "text", "refusal": "refusal"}
 LOGPROBS = "message.output_text.logprobs"  # the one `include` value this server has something for

@@ -14,7 +14,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from http.cookies import SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
 import jwt
@@ -136,12 +135,8 @@ def customer_in(cookies: dict, tokens: CustomerTokens | None) -> Customer | None
 def _refusal(scope, key: str) -> str:
     import html
 
-    headers = dict(scope.get("headers") or [])
-    jar = SimpleCookie()
-    jar.load(headers.get(b"cookie", b"").decode("latin-1"))
-    wanted = (jar["pagedchat_lang"].value if "pagedchat_lang" in jar else
-              headers.get(b"accept-language", b"").decode("latin-1")[:2])
-    korean = wanted.lower().startswith("ko")
+    # the language switch's cookie is already the Accept-Language here (server.middleware.LanguageCookieMiddleware)
+    korean = dict(scope["headers"]).get(b"accept-language", b"").lower().startswith(b"ko")
     text, title = REFUSED["ko" if korean else "en"]
     why = REASONS[key][1 if korean else 0]
     return (f"<!doctype html><meta charset=utf-8><meta name=viewport content='width=device-width'><title>{title}"
